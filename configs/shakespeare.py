@@ -1,0 +1,177 @@
+"""GRPO on character-level tiny Shakespeare.
+
+Usage:
+  python -m grpo_jax.main --config=configs/shakespeare.py              # exhaustive, CPU-sized
+  python -m grpo_jax.main --config=configs/shakespeare.py:sampled      # G=4 sampled groups
+  python -m grpo_jax.main --config=configs/shakespeare.py:exhaustive,full   # one GPU/TPU
+
+`get_config(arg)` takes comma-separated variant tokens:
+  group mode: exhaustive (default) | sampled | guided | adaptive
+  size:       (none: 2-core CPU, ~10 min) | full (one GPU/TPU) | tiny (unit tests, seconds)
+"""
+
+from ml_collections import config_dict
+
+GROUP_MODES = ("exhaustive", "sampled", "guided", "adaptive")
+SIZES = ("full", "tiny")
+
+
+def get_config(arg=None):
+    tokens = [t.strip() for t in (arg or "").split(",") if t.strip()]
+    unknown = [t for t in tokens if t not in GROUP_MODES + SIZES]
+    if unknown:
+        raise ValueError(
+            f"unknown config variant {unknown[0]!r} for configs/shakespeare.py; "
+            f"choose from {', '.join(GROUP_MODES + SIZES)} (comma-separated)"
+        )
+    modes = [t for t in tokens if t in GROUP_MODES] or ["exhaustive"]
+    if len(modes) > 1:
+        raise ValueError(f"config variants name two group modes {modes}; pick one")
+    mode = modes[0]
+
+    c = config_dict.ConfigDict()
+    c.task = "shakespeare"  # which task builder runs (grpo_jax/tasks registry)
+    c.seed = 0  # root PRNG seed; every step's key is fold_in(root, step)
+    c.init_from = ""  # checkpoint dir (e.g. a pretrain workdir) to initialise params from
+    c.distributed = False  # call jax.distributed.initialize() (multi-host runs)
+
+    c.data = config_dict.ConfigDict()
+    c.data.path = ""  # corpus file; "" -> $GRPO_JAX_DATA -> user cache -> download
+    c.data.context_len = 100  # C: prompt chars before the decision point
+    c.data.horizon = 70  # H: generated chars scored against the true continuation
+    c.data.train_fraction = 0.9  # contiguous train/val split point
+
+    c.model = config_dict.ConfigDict()
+    c.model.num_layers = 4  # transformer blocks
+    c.model.num_heads = 4  # attention heads (d_model % num_heads == 0)
+    c.model.d_model = 128  # residual width (~0.83M params at 4x128)
+    c.model.mlp_ratio = 4  # MLP hidden = mlp_ratio * d_model
+    c.model.dropout = 0.0  # dropout rate (used by pretraining only; RL forwards are deterministic)
+    c.model.dtype = "float32"  # compute dtype: float32 | bfloat16 (params stay float32)
+    c.model.max_len = 0  # positional window; 0 -> context_len + horizon
+
+    c.reference = config_dict.ConfigDict()
+    c.reference.kind = "ngram"  # ngram | policy (frozen initial policy) | none
+    c.reference.ngram_order = 3  # n of the character n-gram reference (1..5)
+    c.reference.smoothing = 0.1  # add-k smoothing of the n-gram counts
+
+    c.group = config_dict.ConfigDict()
+    c.group.mode = mode  # sampled | exhaustive | guided | adaptive
+    c.group.size = 4  # G for sampled groups (and the non-exhaustive part of adaptive)
+    c.group.temperature = 1.0  # sampling temperature (also used for the training log-probs)
+    c.group.top_k = 0  # sample from the top-k chars only (0 = off)
+    c.group.top_p = 1.0  # nucleus sampling mass (1.0 = off)
+    c.group.continuations_per_action = 1  # rollouts per forced first action
+    c.group.vocab_chunk = 0  # roll out this many forced actions at a time (0 = all at once)
+    c.group.train_continuations = True  # also train tokens after the decision point
+    c.group.entropy_threshold = 2.0  # adaptive: exhaustive where policy entropy (nats) exceeds it
+    c.group.guide = "reference"  # guided: who ranks candidates: reference | policy
+    c.group.guide_top_k = 10  # guided: top-k candidates when the guide is uncertain
+    c.group.guide_top_k_confident = 5  # guided: top-k when the guide is confident
+    c.group.guide_random = 15  # guided: random explorers added when uncertain
+
+    c.reward = config_dict.ConfigDict()
+    c.reward.terms = "match_partial:1.0"  # weighted sum "name:w,name:w" from grpo_jax/rewards
+    c.reward.partial_credit = 0.2  # credit for a wrong char in the reference's top-k
+    c.reward.partial_topk = 5  # k of that top-k
+    c.reward.per_token = False  # keep [B,G,H] rewards (else mean over the horizon -> [B,G])
+
+    c.grpo = config_dict.ConfigDict()
+    c.grpo.beta = 0.04  # KL coefficient
+    c.grpo.epsilon = 0.2  # PPO clip (low side)
+    c.grpo.epsilon_high = config_dict.placeholder(float)  # PPO clip high side; None -> epsilon
+    c.grpo.kl_estimator = "exact"  # exact | k1 | k2 | k3
+    c.grpo.loss_agg = "sequence-mean-token-mean"  # see objective.AGGREGATIONS
+    c.grpo.num_iterations = 1  # mu: optimizer updates per batch of rollouts
+    c.grpo.advantage_scale = "group"  # group | batch | none
+    c.grpo.entropy_coef = 0.0  # entropy bonus coefficient
+    c.grpo.exhaustive_estimator = "expected"  # uniform | expected (exact all-action gradient)
+
+    c.optim = config_dict.ConfigDict()
+    c.optim.learning_rate = 1e-3  # peak learning rate
+    c.optim.warmup_steps = 10  # linear warmup, then cosine decay to end_lr_fraction * peak
+    c.optim.end_lr_fraction = 0.1  # final lr as a fraction of the peak
+    c.optim.weight_decay = 0.0  # AdamW decoupled weight decay
+    c.optim.grad_clip = 1.0  # global-norm clip (0 = off)
+    c.optim.b1 = 0.9  # Adam beta1
+    c.optim.b2 = 0.99  # Adam beta2
+
+    c.train = config_dict.ConfigDict()
+    c.train.batch_size = 8  # prompts per step (global across devices)
+    c.train.num_steps = 150  # GRPO steps
+    c.train.log_every = 5  # metrics cadence (host sync only here)
+    c.train.eval_every = 50  # held-out evaluation cadence
+    c.train.checkpoint_every = 50  # checkpoint cadence
+    c.train.keep_checkpoints = 3  # checkpoints kept by the CheckpointManager
+
+    c.pretrain = config_dict.ConfigDict()
+    c.pretrain.batch_size = 32  # windows per supervised step
+    c.pretrain.seq_len = 128  # chars per supervised window (<= max_len)
+    c.pretrain.num_steps = 2000  # supervised steps for --mode=pretrain
+    c.pretrain.learning_rate = 3e-3  # supervised peak learning rate
+
+    c.eval = config_dict.ConfigDict()
+    c.eval.num_windows = 256  # held-out windows per evaluation
+    c.eval.batch_size = 64  # windows per eval forward
+    c.eval.pass_k = (1, 4)  # k values for eval/pass@k (first char right in k samples)
+    c.eval.num_samples = 3  # decoded samples written to samples.txt per evaluation
+
+    c.mesh = config_dict.ConfigDict()
+    c.mesh.data = -1  # devices on the data axis (-1 = all remaining)
+    c.mesh.vocab = 1  # devices on the vocabulary/group axis
+    c.mesh.shard_params = False  # FSDP-style: shard params/optimizer state over data
+
+    c.logging = config_dict.ConfigDict()
+    c.logging.tensorboard = True  # write TensorBoard event files to the workdir
+    c.logging.wandb = False  # also log to Weights & Biases (if installed)
+    c.logging.wandb_project = "grpo_jax"  # W&B project name
+    c.logging.progress = True  # console progress bar
+    c.logging.char_stats_every = 25  # exhaustive: per-first-char stats cadence (0 = off)
+
+    c.diagnostics = config_dict.ConfigDict()
+    c.diagnostics.kl_bound = 0.1  # warn when kl exceeds this
+    c.diagnostics.reward_std_low = 0.3  # warn when the group reward std stays below ...
+    c.diagnostics.reward_std_high = 2.0  # ... or above this
+    c.diagnostics.patience = 20  # for this many consecutive logged steps
+
+    if mode == "sampled":
+        c.group.size = 4
+    elif mode == "adaptive":
+        c.group.size = 4
+
+    if "full" in tokens:
+        c.model.num_layers = 6
+        c.model.num_heads = 6
+        c.model.d_model = 384
+        c.model.dtype = "bfloat16"
+        c.train.batch_size = 32
+        c.train.num_steps = 2000
+        c.train.log_every = 10
+        c.train.eval_every = 200
+        c.train.checkpoint_every = 200
+        c.pretrain.batch_size = 64
+        c.pretrain.seq_len = 170
+        c.pretrain.num_steps = 5000
+        c.eval.num_windows = 1024
+    if "tiny" in tokens:
+        c.model.num_layers = 1
+        c.model.num_heads = 2
+        c.model.d_model = 32
+        c.data.context_len = 16
+        c.data.horizon = 8
+        c.train.batch_size = 2
+        c.train.num_steps = 3
+        c.train.log_every = 1
+        c.train.eval_every = 3
+        c.train.checkpoint_every = 2
+        c.pretrain.batch_size = 4
+        c.pretrain.seq_len = 24
+        c.pretrain.num_steps = 3
+        c.eval.num_windows = 8
+        c.eval.batch_size = 8
+        c.logging.progress = False
+        c.logging.char_stats_every = 1
+        c.group.guide_top_k = 4
+        c.group.guide_top_k_confident = 2
+        c.group.guide_random = 3
+    return c

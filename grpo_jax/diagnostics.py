@@ -1,0 +1,60 @@
+"""Training diagnostics from the GRPO training guide, available to every task.
+
+``Monitor.update(step, metrics)`` returns warning lines (the trainer logs them):
+  * the KL to the reference exceeds ``diagnostics.kl_bound``;
+  * the group reward std stays below ``reward_std_low`` (or above ``reward_std_high``) for
+    ``patience`` consecutive logged steps, with the likely causes;
+  * the reward rises while a held-out metric falls between two evaluations (reward hacking).
+"""
+
+HELD_OUT_KEYS = (
+    "eval/rollout_accuracy",
+    "eval/next_char_accuracy",
+    "eval/true_reward",
+    "eval/fill_accuracy",
+    "eval/accuracy",
+)
+
+
+class Monitor:
+    def __init__(self, diag_cfg):
+        self.cfg = diag_cfg
+        self.low = self.high = 0
+        self.prev_eval = None  # (reward_mean, held-out value, key) at the previous evaluation
+        self.reward = None
+
+    def update(self, step: int, metrics: dict) -> list[str]:
+        c, out = self.cfg, []
+        kl = metrics.get("kl")
+        if kl is not None and kl > c.kl_bound:
+            out.append(
+                f"step {step}: kl={kl:.4f} exceeds diagnostics.kl_bound={c.kl_bound}; "
+                "the policy drifts from the reference: raise grpo.beta or lower the learning rate"
+            )
+        std = metrics.get("reward_std")
+        if std is not None:
+            self.reward = metrics.get("reward_mean", self.reward)
+            self.low = self.low + 1 if std < c.reward_std_low else 0
+            self.high = self.high + 1 if std > c.reward_std_high else 0
+            if self.low == c.patience:
+                out.append(
+                    f"step {step}: group reward std < {c.reward_std_low} for {c.patience} logged "
+                    "steps: little signal per group. Likely causes: temperature too low, "
+                    "verifier too strict or too loose, groups too small"
+                )
+            if self.high == c.patience:
+                out.append(
+                    f"step {step}: group reward std > {c.reward_std_high} for {c.patience} logged "
+                    "steps: noisy rewards; check the reward scale or use larger groups"
+                )
+        key = next((k for k in HELD_OUT_KEYS if k in metrics), None)
+        if key is not None and self.reward is not None:
+            if self.prev_eval is not None:
+                r0, h0 = self.prev_eval
+                if self.reward > r0 and metrics[key] < h0:
+                    out.append(
+                        f"step {step}: reward_mean rose ({r0:.4f} -> {self.reward:.4f}) while "
+                        f"{key} fell ({h0:.4f} -> {metrics[key]:.4f}): possible reward hacking"
+                    )
+            self.prev_eval = (self.reward, metrics[key])
+        return out

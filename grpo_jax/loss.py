@@ -1,0 +1,157 @@
+"""The GRPO loss of one batch of group parts (see groups.py), as a pure function of params.
+
+    L = Σ_parts w_part · [ pg_part + β · KL_part − c_H · H_part ]
+
+w_part is the fraction of the batch's prompts the part covers (1 unless group.mode=adaptive).
+
+Sampled parts: the clipped surrogate on every generated token, aggregated by grpo.loss_agg.
+Forced parts (exhaustive / guided): at the decision point either
+  * ``uniform``:  mean over the forced actions of the clipped surrogate with ratio
+                  π_θ(a|s)/π_old(a|s) and advantages taken over the action axis, or
+  * ``expected``: the exact all-action gradient −∇ Σ_a π_θ(a|s)(R(a) − b), b = Σ_a π(a|s)R(a)
+                  (no sampling variance at the decision point given the rollouts' returns),
+plus, when group.train_continuations, the clipped surrogate on tokens 1..H-1 with their
+per-position group advantages. The decision point's KL and entropy are exact over V.
+
+π_old: the μ updates reuse one batch of rollouts. The log-probs of iteration 0's forward are
+π_old exactly (same params, same computation as every later iteration), so they are captured
+there and carried to iterations 1..μ-1; the ratio is exactly 1 at iteration 0.
+"""
+
+import jax
+import jax.numpy as jnp
+
+from grpo_jax import objective
+from grpo_jax.groups import Part
+from grpo_jax.model import group_logits
+from grpo_jax.rollout import entropy_of_logp, prefill, sampling_params, tempered_logp
+
+ESTIMATORS = ("uniform", "expected")
+KL_CHOICES = ("exact", "k1", "k2", "k3")
+
+
+def _masked_mean(x, w):
+    return jnp.sum(x * w) / jnp.maximum(jnp.sum(w), 1.0)
+
+
+def make_loss(config, model, has_reference: bool):
+    """Returns loss_fn(params, parts, old_logps, first_iter) -> (loss, (metrics, logps))."""
+    gr = config.grpo
+    sp = sampling_params(config.group)
+    if gr.kl_estimator not in KL_CHOICES:
+        raise ValueError(
+            f"grpo.kl_estimator={gr.kl_estimator!r} is unknown; choose from {KL_CHOICES}"
+        )
+    if gr.exhaustive_estimator not in ESTIMATORS:
+        raise ValueError(
+            f"grpo.exhaustive_estimator={gr.exhaustive_estimator!r} is unknown; "
+            f"choose from {ESTIMATORS}"
+        )
+    if gr.loss_agg not in objective.AGGREGATIONS:
+        raise ValueError(
+            f"grpo.loss_agg={gr.loss_agg!r} is unknown; choose from {list(objective.AGGREGATIONS)}"
+        )
+    eps, eps_high = gr.epsilon, gr.epsilon_high
+    beta = gr.beta if has_reference else 0.0
+    train_cont = bool(config.group.train_continuations)
+    n_cont = int(config.group.continuations_per_action)
+    aa_scale = "group" if gr.advantage_scale == "group" else "none"
+
+    def surrogate_terms(logp, old, adv, mask):
+        """Aggregated clipped surrogate plus its clip fraction and mean ratio."""
+        pg = objective.clipped_surrogate(logp, old, adv, eps, eps_high)
+        clip = objective.clip_fraction(logp, old, adv, eps, eps_high)
+        ratio = jnp.exp(logp - old)
+        agg = lambda x: objective.aggregate(x, mask, gr.loss_agg)
+        return agg(pg), _masked_mean(clip, mask), _masked_mean(ratio, mask)
+
+    def kl_terms(logits_lp, logp, ref_lp, tokens):
+        if not has_reference:
+            return jnp.zeros_like(logp)
+        if gr.kl_estimator == "exact":
+            return objective.exact_kl(logits_lp, ref_lp)
+        ref_tok = jnp.take_along_axis(ref_lp, tokens[..., None], axis=-1)[..., 0]
+        return objective.kl_estimate(logp, ref_tok, gr.kl_estimator)
+
+    def part_loss(params, part: Part, old_logp, first_iter, forced: bool):
+        b, k, h = part.tokens.shape
+        need_all = (not forced) or train_cont
+        if need_all:
+            first_logits, logits = group_logits(model, params, part.context, part.tokens)
+            lp_all = tempered_logp(logits, sp)  # [B, K, H, V]
+            logp = jnp.take_along_axis(lp_all, part.tokens[..., None], axis=-1)[..., 0]
+        else:
+            first_logits, _ = prefill(model, params, part.context)
+            lp_first = tempered_logp(first_logits, sp)
+            logp = jnp.take_along_axis(lp_first, part.tokens[..., 0], axis=1)[..., None]
+            logp = jnp.pad(logp, ((0, 0), (0, 0), (0, h - 1)))
+        old = jnp.where(first_iter, jax.lax.stop_gradient(logp), old_logp)
+        tok_mask = jnp.broadcast_to(part.member_mask[..., None], (b, k, h))
+        m = {}
+        if not forced:
+            pg, m["clip_frac"], m["ratio_mean"] = surrogate_terms(
+                logp, old, part.advantages, tok_mask
+            )
+            kl_tok = kl_terms(lp_all, logp, part.ref_logp, part.tokens)
+            kl = objective.aggregate(kl_tok, tok_mask, gr.loss_agg)
+            ent = objective.aggregate(entropy_of_logp(lp_all), tok_mask, gr.loss_agg)
+            weight = jnp.mean(part.member_mask.max(1))
+            return pg, kl, ent, weight, m, logp
+
+        # decision point
+        lp_first = tempered_logp(first_logits, sp)  # [B, V]
+        lp_act = jnp.take_along_axis(lp_first, part.actions, axis=1)  # [B, A]
+        prompt_w = part.action_mask.max(1)  # prompts whose group counts
+        if gr.exhaustive_estimator == "expected":
+            pg_rows = objective.all_action_loss(
+                lp_act, part.action_returns, scale=aa_scale, mask=part.action_mask > 0
+            )
+            pg = _masked_mean(pg_rows, prompt_w)
+            m["clip_frac"], m["ratio_mean"] = jnp.zeros(()), jnp.ones(())
+        else:
+            old_act = old[:, ::n_cont, 0]
+            adv_act = part.advantages[:, ::n_cont, 0]
+            pg, m["clip_frac"], m["ratio_mean"] = surrogate_terms(
+                lp_act, old_act, adv_act, part.action_mask
+            )
+        ent_dp = entropy_of_logp(lp_first)
+        kl_dp = (
+            objective.exact_kl(lp_first, part.ref_logp[:, 0, 0])
+            if has_reference
+            else jnp.zeros((b,))
+        )
+        m["entropy_decision"] = _masked_mean(ent_dp, prompt_w)
+        m["kl_decision"] = _masked_mean(kl_dp, prompt_w)
+        kl, ent = m["kl_decision"], m["entropy_decision"]
+        if train_cont and h > 1:
+            cm = tok_mask[..., 1:]
+            pg_c, _, _ = surrogate_terms(logp[..., 1:], old[..., 1:], part.advantages[..., 1:], cm)
+            kl_c = objective.aggregate(
+                kl_terms(
+                    lp_all[..., 1:, :],
+                    logp[..., 1:],
+                    part.ref_logp[..., 1:, :],
+                    part.tokens[..., 1:],
+                ),
+                cm,
+                gr.loss_agg,
+            )
+            ent_c = objective.aggregate(entropy_of_logp(lp_all[..., 1:, :]), cm, gr.loss_agg)
+            m["pg_continuation"] = pg_c
+            pg, kl, ent = pg + pg_c, kl + kl_c, ent + ent_c
+        return pg, kl, ent, jnp.mean(prompt_w), m, logp
+
+    def loss_fn(params, parts, old_logps, first_iter, forced_flags):
+        total = pg_t = kl_t = ent_t = 0.0
+        metrics, logps = {}, []
+        for part, old, forced in zip(parts, old_logps, forced_flags, strict=True):
+            pg, kl, ent, w, m, logp = part_loss(params, part, old, first_iter, forced)
+            total = total + w * (pg + beta * kl - gr.entropy_coef * ent)
+            pg_t, kl_t, ent_t = pg_t + w * pg, kl_t + w * kl, ent_t + w * ent
+            for name, val in m.items():
+                metrics[name] = metrics.get(name, 0.0) + w * val
+            logps.append(logp)
+        metrics.update(pg_loss=pg_t, kl=kl_t, entropy=ent_t, loss=total)
+        return total, (metrics, tuple(logps))
+
+    return loss_fn

@@ -1,0 +1,272 @@
+"""The GRPO objective as small pure, jittable functions.
+
+Symbols follow the papers: DeepSeekMath GRPO (Shao et al. 2024) for group
+advantages Â and the k3 KL estimator, PPO (Schulman et al. 2017) for the clipped
+ratio surrogate, DAPO (Yu et al. 2025) for decoupled clipping ε_low/ε_high and
+token-mean aggregation, Dr.GRPO (Liu et al. 2025) for the unscaled advantage and
+the constant-normaliser aggregation.  Shapes: B prompts, G group members, T tokens
+per completion, V vocabulary (actions).  String options are static: pass them
+through `jax.jit(..., static_argnames=...)`.
+"""
+
+import jax
+import jax.numpy as jnp
+
+ADVANTAGE_SCALES = ("group", "batch", "none")
+
+# Below this |d| the k3 series is used; its truncation error (d^7 term) is ~1e-9
+# relative here, while float32 expm1(d) - d loses ~1e-7/|d| relative.
+_K3_SERIES_MAX = 0.1
+
+
+def _check(name, value, choices):
+    if value not in choices:
+        raise ValueError(f"unknown {name} {value!r}; choose from {', '.join(choices)}")
+
+
+def _safe_div(num, den):
+    # Double where: the unselected branch must not produce inf/NaN gradients.
+    ok = den > 0
+    return jnp.where(ok, num / jnp.where(ok, den, 1.0), 0.0)
+
+
+def _center(values, mask, weights, axis):
+    """Weighted mean and centred values along `axis`, exactly 0 for constant sets.
+
+    Subtracting the first valid member first makes every member of a constant
+    set exactly 0 (x - y == 0 iff x == y in IEEE), so its mean and centred
+    values are exactly 0 too; a naive mean of [0.1, 0.1, 0.1] in float32 is not
+    0.1 and the residue, divided by a ~0 std, would become a ±1 advantage.
+    """
+    first = mask & (jnp.cumsum(mask, axis=axis) == 1)
+    ref = jnp.sum(jnp.where(first, values, 0.0), axis=axis, keepdims=True)
+    shifted = jnp.where(mask, values - ref, 0.0)
+    w = jnp.where(mask, weights, 0.0)
+    mean = _safe_div(
+        jnp.sum(w * shifted, axis=axis, keepdims=True),
+        jnp.sum(w, axis=axis, keepdims=True),
+    )
+    return jnp.where(mask, shifted - mean, 0.0)
+
+
+def group_advantages(rewards, scale="group", eps=1e-8, mask=None):
+    """Group-relative advantages Â_i = (r_i - mean(r)) / (std(r) + eps).
+
+    Args:
+      rewards: `[B, G]` outcome rewards r_i, or `[B, G, T]` per-token rewards
+        (statistics are then per (b, t) across the group axis 1).
+      scale: "group" (GRPO: population std of the group), "batch" (std of all
+        valid rewards in the batch; Lite-PPO) or "none" (Dr.GRPO: no division).
+      eps: added to the std.
+      mask: optional `[B, G]` bool, members that exist (variable-size groups padded
+        to a static G).  Statistics use valid members only.
+    Returns: advantages, same shape as `rewards`; 0 for invalid members and for
+      groups whose valid rewards are all equal (they carry no learning signal).
+    """
+    _check("advantage scale", scale, ADVANTAGE_SCALES)
+    if mask is None:
+        mask = jnp.ones(rewards.shape[:2], bool)
+    mask = jnp.broadcast_to(
+        mask.reshape(mask.shape + (1,) * (rewards.ndim - mask.ndim)), rewards.shape
+    )
+    centred = _center(rewards, mask, jnp.ones_like(rewards), axis=1)
+    if scale == "none":
+        return centred
+    if scale == "group":
+        count = jnp.sum(mask, axis=1, keepdims=True)
+        std = jnp.sqrt(_safe_div(jnp.sum(centred**2, axis=1, keepdims=True), count))
+    else:
+        flat_mask = mask.reshape(-1)
+        flat = _center(
+            rewards.reshape(-1),
+            flat_mask,
+            jnp.ones(flat_mask.shape, rewards.dtype),
+            axis=0,
+        )
+        std = jnp.sqrt(_safe_div(jnp.sum(flat**2), jnp.sum(flat_mask)))
+    return _safe_div(centred, std + eps)
+
+
+def clipped_surrogate(logp, old_logp, advantages, epsilon=0.2, epsilon_high=None):
+    """PPO/GRPO clipped surrogate loss per token, -min(ρ·Â, clip(ρ, 1-ε_low, 1+ε_high)·Â).
+
+    Args:
+      logp: `[..., T]` log π_θ(o_t | q, o_<t) of the sampled tokens.
+      old_logp: same shape, log π_θold (stop-gradient; equal to logp when μ = 1).
+      advantages: Â, broadcastable against logp (e.g. `[B, G, 1]` vs `[B, G, T]`).
+      epsilon: ε_low.  epsilon_high: ε_high (DAPO clip-higher); None -> ε_low.
+    Returns: per-token loss of the broadcast shape (minimise it).
+    """
+    ratio = jnp.exp(logp - old_logp)
+    hi = epsilon if epsilon_high is None else epsilon_high
+    unclipped = ratio * advantages
+    clipped = jnp.clip(ratio, 1.0 - epsilon, 1.0 + hi) * advantages
+    return -jnp.minimum(unclipped, clipped)
+
+
+def clip_fraction(logp, old_logp, advantages, epsilon=0.2, epsilon_high=None):
+    """1.0 where the clipped term is strictly smaller (its gradient is cut), else 0.0.
+
+    Same arguments and broadcast shape as `clipped_surrogate`; aggregate it with
+    `aggregate(..., "token-mean")` for the usual clip-fraction metric.
+    """
+    ratio = jnp.exp(logp - old_logp)
+    hi = epsilon if epsilon_high is None else epsilon_high
+    clipped = jnp.clip(ratio, 1.0 - epsilon, 1.0 + hi) * advantages
+    return (clipped < ratio * advantages).astype(jnp.result_type(logp, float))
+
+
+def _k1(logp, ref_logp):
+    return logp - ref_logp
+
+
+def _k2(logp, ref_logp):
+    return 0.5 * (logp - ref_logp) ** 2
+
+
+def _k3(logp, ref_logp):
+    # k3 = π_ref/π - log(π_ref/π) - 1 = e^d - d - 1 with d = log π_ref - log π.
+    d = ref_logp - logp
+    small = jnp.abs(d) < _K3_SERIES_MAX
+    ds = jnp.where(small, d, 0.0)  # keep the series finite where it is not selected
+    db = jnp.where(small, 1.0, d)
+    series = ds * ds * (1 / 2 + ds * (1 / 6 + ds * (1 / 24 + ds * (1 / 120 + ds / 720))))
+    return jnp.maximum(jnp.where(small, series, jnp.expm1(db) - db), 0.0)
+
+
+# Per-token estimators of KL(π_θ ‖ π_ref) from sampled-token log-probs, fn(logp, ref_logp).
+KL_ESTIMATORS = {"k1": _k1, "k2": _k2, "k3": _k3}
+
+
+def kl_estimate(logp, ref_logp, estimator):
+    """Per-token KL estimate D_KL[π_θ ‖ π_ref] for sampled tokens o_t ~ π_θ.
+
+    Args:
+      logp, ref_logp: `[...]` log π_θ(o_t) and log π_ref(o_t).
+      estimator: "k1" (log ratio; unbiased, high variance, can be < 0), "k2"
+        (½ log-ratio²) or "k3" (DeepSeekMath: π_ref/π - log(π_ref/π) - 1;
+        unbiased, ≥ 0, accurate in float32 even when π ≈ π_ref).
+    Returns: `[...]` per-token estimate.
+    """
+    _check("KL estimator", estimator, tuple(KL_ESTIMATORS))
+    return KL_ESTIMATORS[estimator](logp, ref_logp)
+
+
+def _log_probs(logits):
+    # bfloat16 logits lose too much in log_softmax; compute in at least float32.
+    return jax.nn.log_softmax(logits.astype(jnp.promote_types(logits.dtype, jnp.float32)), axis=-1)
+
+
+def exact_kl(logits, ref_logits):
+    """Exact KL(π ‖ π_ref) = Σ_v π(v)(log π(v) - log π_ref(v)) per position.
+
+    Args:
+      logits: `[..., V]` policy logits (-inf allowed for impossible tokens).
+      ref_logits: `[..., V]` reference logits or log-probs (finite).
+    Returns: `[...]`, ≥ 0 (float rounding negatives are clamped).
+    """
+    logp, ref = _log_probs(logits), _log_probs(ref_logits)
+    p = jnp.exp(logp)
+    # π(v) = 0 contributes 0, not 0·(-inf) = NaN (double where keeps grads finite).
+    diff = jnp.where(p > 0, logp - ref, 0.0)
+    return jnp.maximum(jnp.sum(p * diff, axis=-1), 0.0)
+
+
+def entropy_from_logits(logits):
+    """Shannon entropy H(π) = -Σ_v π(v) log π(v) in nats, `[..., V] -> [...]`."""
+    logp = _log_probs(logits)
+    p = jnp.exp(logp)
+    return -jnp.sum(p * jnp.where(p > 0, logp, 0.0), axis=-1)
+
+
+def _masked_rows(per_token, mask):
+    # Rows are all leading axes; masked positions may hold garbage (NaN) and are zeroed.
+    mask = jnp.broadcast_to(mask, per_token.shape).reshape(-1, per_token.shape[-1]).astype(bool)
+    x = jnp.where(mask, per_token.reshape(mask.shape), 0.0)
+    return x, mask.astype(x.dtype)
+
+
+def _seq_mean_token_mean(per_token, mask):
+    # An all-masked row has mean 0 and still counts as a row: the normaliser then
+    # depends only on the static batch shape, like GRPO's 1/G.
+    x, m = _masked_rows(per_token, mask)
+    return jnp.mean(_safe_div(jnp.sum(x, -1), jnp.sum(m, -1)))
+
+
+def _token_mean(per_token, mask):
+    x, m = _masked_rows(per_token, mask)
+    return _safe_div(jnp.sum(x), jnp.sum(m))
+
+
+def _seq_mean_token_sum(per_token, mask):
+    x, _ = _masked_rows(per_token, mask)
+    return jnp.mean(jnp.sum(x, -1))
+
+
+def _dr_grpo(per_token, mask):
+    # Constant normaliser (rows × T): no length bias towards short/long answers.
+    x, _ = _masked_rows(per_token, mask)
+    return jnp.sum(x) / x.size
+
+
+# Reductions of `[..., T]` per-token values and masks to a scalar, fn(per_token, mask).
+AGGREGATIONS = {
+    "sequence-mean-token-mean": _seq_mean_token_mean,
+    "token-mean": _token_mean,
+    "sequence-mean-token-sum": _seq_mean_token_sum,
+    "dr-grpo": _dr_grpo,
+}
+
+
+def aggregate(per_token, mask, mode):
+    """Reduce per-token values to a scalar loss.
+
+    Args:
+      per_token: `[B, T]` or `[B, G, T]` (all axes but the last are rows).
+      mask: same shape (or broadcastable), 1/True for real completion tokens.
+      mode: "sequence-mean-token-mean" (GRPO: 1/G Σ_i 1/|o_i| Σ_t), "token-mean"
+        (DAPO: 1/Σ|o_i| Σ_i Σ_t), "sequence-mean-token-sum" (mean over rows of
+        Σ_t) or "dr-grpo" (Σ_i Σ_t / (rows · T)).
+    Returns: scalar; all-masked rows contribute 0, an all-masked batch gives 0.
+    """
+    _check("aggregation", mode, tuple(AGGREGATIONS))
+    return AGGREGATIONS[mode](per_token, mask)
+
+
+def all_action_loss(logp_all, returns, scale="none", eps=1e-8, mask=None):
+    """Exact all-action ("expected") policy-gradient surrogate at a decision point.
+
+    With every action a scored, the group is the whole action set weighted by
+    π(a|s) instead of sampled: baseline b = Σ_a π̄(a)R(a), Â(a) = R(a) - b, and
+    loss = -Σ_a π_θ(a|s)·Â(a) with π̄ = sg(π_θ) and Â stop-gradient, so
+    ∇loss = -Σ_a π(a)Â(a)∇log π(a) = -∇_θ Σ_a π_θ(a|s)R(a) exactly (Σ_a ∇π = 0).
+
+    Args:
+      logp_all: `[B, V]` log π_θ(a|s) for every action a.
+      returns: `[B, V]` R(a), return of forcing a (treated as stop-gradient).
+      scale: "none" (default), "group" (divide Â by the π-weighted std
+        sqrt(Σ_a π̄(a)Â(a)²) + eps per row) or "batch" (by the root of the
+        row-mean of those variances + eps).
+      mask: optional `[B, V]` bool of actions to include.  π is restricted to the
+        mask without renormalising in the loss; the baseline and std use π̄
+        renormalised over the mask.  With a partial mask the gradient is that of
+        -Σ_{a∈M} π(a)(R(a) - b).
+    Returns: `[B]` per-row loss (its value is ~0 by construction; use its gradient).
+    """
+    _check("advantage scale", scale, ADVANTAGE_SCALES)
+    if mask is None:
+        mask = jnp.ones(logp_all.shape, bool)
+    mask = mask.astype(bool)
+    pi = jnp.where(mask, jnp.exp(logp_all), 0.0)
+    pi_sg = jax.lax.stop_gradient(pi)
+    returns = jax.lax.stop_gradient(returns)
+    adv = _center(returns, mask, pi_sg, axis=-1)
+    if scale != "none":
+        var = _safe_div(
+            jnp.sum(pi_sg * adv**2, -1, keepdims=True),
+            jnp.sum(pi_sg, -1, keepdims=True),
+        )
+        if scale == "batch":
+            var = jnp.mean(var)
+        adv = _safe_div(adv, jnp.sqrt(var) + eps)
+    return -jnp.sum(pi * jax.lax.stop_gradient(adv), axis=-1)

@@ -1,0 +1,145 @@
+"""The host loop: restore-or-init, the jitted step, and the log / eval / checkpoint cadences.
+
+Everything inside a step stays on device. The host reads one scalar (the loss) per step to
+stop on a non-finite loss before anything is saved, and pulls the other metrics only at log
+steps. Rerunning on the same workdir resumes from the latest checkpoint; because every step's
+key is fold_in(rng, step), the resumed run ends with exactly the parameters an uninterrupted
+run would.
+"""
+
+import json
+import math
+import time
+
+import chex
+import jax
+import numpy as np
+from absl import logging
+
+from grpo_jax import checkpoint as ckpt_lib
+from grpo_jax import diagnostics, plots
+from grpo_jax.metric_writers import MetricWriter, ProgressBar
+from grpo_jax.task import build_task
+
+KEY_FIGURES = ("loss", "reward_mean", "kl", "eval/next_char_accuracy")
+
+
+class NonFiniteLossError(RuntimeError):
+    """Raised when the loss is NaN/inf; the last good checkpoint is left in place."""
+
+
+def initial_params(config, task):
+    """Deterministic initial policy: random init from the seed, or ``init_from``'s params."""
+    params = task.init_params(jax.random.PRNGKey(config.seed))
+    if config.init_from:
+        params = ckpt_lib.load_params(config.init_from, params)
+        logging.info("initialised params from %s", config.init_from)
+    return params
+
+
+def train_and_evaluate(config, workdir: str, mode: str = "train"):
+    """Runs GRPO (mode=train) or supervised pretraining (mode=pretrain) in ``workdir``.
+
+    Returns the final TrainState and the last logged metrics."""
+    workdir = ckpt_lib.ensure_workdir(workdir)
+    task = build_task(config, mode)
+    params0 = initial_params(config, task)
+    step_fn, inputs = task.build(params0)
+    state = task.make_state(params0)
+    ckpt = ckpt_lib.Checkpointer(workdir / "checkpoints", keep=config.train.keep_checkpoints)
+    if ckpt.latest_step() is not None:
+        state = ckpt.restore(state)
+        logging.info("resumed from %s at step %d", ckpt.directory, int(state.step))
+    ckpt_lib.save_config(workdir, config)
+
+    jstep = jax.jit(chex.assert_max_traces(step_fn, n=1), donate_argnums=0)
+    writer = MetricWriter(
+        workdir,
+        tensorboard=config.logging.tensorboard,
+        wandb=config.logging.wandb,
+        wandb_project=config.logging.wandb_project,
+        config=config,
+    )
+    monitor = diagnostics.Monitor(config.diagnostics)
+    tc = config.train
+    start = int(state.step)
+    bar = ProgressBar(task.num_steps, start, config.logging.progress)
+    char_acc, char_n = None, 0
+    last, t_last, steps_since = {}, time.perf_counter(), 0
+    try:
+        for step in range(start, task.num_steps):
+            state, metrics = jstep(state, inputs)
+            steps_since += 1
+            loss = float(metrics["loss"])  # the one per-step host read
+            if not math.isfinite(loss):
+                raise NonFiniteLossError(
+                    f"non-finite loss ({loss}) at step {step}: stopping; the last good "
+                    f"checkpoint (step {ckpt.latest_step()}) is kept; lower optim.learning_rate"
+                )
+            if "char/reward" in metrics:
+                cm = np.stack([metrics["char/reward"], metrics["char/best"]])
+                char_acc = cm if char_acc is None else char_acc + cm
+                char_n += 1
+            done = step + 1
+            if done % tc.log_every == 0 or done == task.num_steps:
+                jax.block_until_ready(state.params)
+                dt = time.perf_counter() - t_last
+                host = {k: float(v) for k, v in jax.device_get(metrics).items() if v.ndim == 0}
+                host["tokens_per_s"] = task.tokens_per_step * steps_since / max(dt, 1e-9)
+                host["step_time_s"] = dt / steps_since
+                writer.write_scalars(done, host)
+                last.update(host)
+                for warning in monitor.update(done, host):
+                    logging.warning(warning)
+                t_last, steps_since = time.perf_counter(), 0
+            every = config.logging.char_stats_every
+            if char_acc is not None and every and (done % every == 0 or done == task.num_steps):
+                _write_char_stats(workdir, done, char_acc / char_n, task.vocab)
+                char_acc, char_n = None, 0
+            if done % tc.eval_every == 0 or done == task.num_steps:
+                scalars, texts = task.evaluate(state.params)
+                writer.write_scalars(done, scalars)
+                writer.write_text(done, "samples", texts["samples"])
+                last.update(scalars)
+                for warning in monitor.update(done, scalars):
+                    logging.warning(warning)
+                logging.info(
+                    "step %d eval: %s best_char=%r",
+                    done,
+                    json.dumps({k: round(v, 4) for k, v in scalars.items()}),
+                    texts["best_char"],
+                )
+                t_last = time.perf_counter()  # keep eval time out of tokens_per_s
+            if done % tc.checkpoint_every == 0 or done == task.num_steps:
+                ckpt.save(done, state, force=True)
+            bar.update(done, **{k: last[k] for k in KEY_FIGURES if k in last})
+    finally:
+        bar.close()
+        ckpt.close()
+        writer.close()
+    if (workdir / "char_stats.jsonl").exists():
+        plots.char_heatmap(workdir / "char_stats.jsonl", workdir / "char_heatmap.png")
+    return state, last
+
+
+def _write_char_stats(workdir, step, stats, vocab):
+    row = {
+        "step": step,
+        "chars": vocab.chars,
+        "reward": [round(float(x), 5) for x in stats[0]],
+        "best": [round(float(x), 5) for x in stats[1]],
+    }
+    with open(workdir / "char_stats.jsonl", "a") as f:
+        f.write(json.dumps(row) + "\n")
+
+
+def evaluate_only(config, workdir: str):
+    """--mode=eval: evaluate the latest checkpoint in workdir (or init_from / a fresh init)."""
+    workdir = ckpt_lib.ensure_workdir(workdir)
+    task = build_task(config, "eval")
+    params = initial_params(config, task)
+    ckpt = ckpt_lib.Checkpointer(workdir / "checkpoints", keep=config.train.keep_checkpoints)
+    if ckpt.latest_step() is not None:
+        params = ckpt.restore(task.make_state(params)).params
+    ckpt.close()
+    return task.evaluate(params)
