@@ -217,7 +217,7 @@ def make_collect(config, model, vocab_size, reference, reward_fn, member_map=Non
         top_ent, idx = jax.lax.top_k(ent, budget)
         chosen = top_ent > g.entropy_threshold
         exhaustive_rows = jnp.zeros((b,), jnp.float32).at[idx].set(chosen.astype(jnp.float32))
-        sub_prefix = jax.tree.map(lambda x: x[:, idx], prefix)
+        sub_prefix = jax.tree.map(lambda x: x[idx], prefix)
         actions = jnp.broadcast_to(jnp.arange(vocab_size, dtype=jnp.int32), (budget, vocab_size))
         amask = jnp.broadcast_to(chosen[:, None], actions.shape).astype(jnp.float32)
         forced = forced_part(

@@ -138,7 +138,12 @@ def make_loss(config, model, has_reference: bool):
             )
             ent_c = objective.aggregate(entropy_of_logp(lp_all[..., 1:, :]), cm, gr.loss_agg)
             m["pg_continuation"] = pg_c
-            pg, kl, ent = pg + pg_c, kl + kl_c, ent + ent_c
+            # KL and entropy stay per-token means (the decision point is one of H tokens), so
+            # they read the same as a sampled group's; the decision point's pg term keeps its
+            # full weight: it is the exhaustive group's main signal.
+            pg = pg + pg_c
+            kl = (kl + (h - 1) * kl_c) / h
+            ent = (ent + (h - 1) * ent_c) / h
         return pg, kl, ent, jnp.mean(prompt_w), m, logp
 
     def loss_fn(params, parts, old_logps, first_iter, forced_flags):

@@ -2,8 +2,8 @@
 
 Every GRPO group shares its prompt. Instead of copying the prompt's KV cache to each of the
 G (or V) members, activations are laid out as ``[B, G, T, D]`` and attention is split in two:
-queries attend to the prompt's keys/values ``[B, P, heads, hd]`` (one copy per prompt) and to
-their own member's keys/values ``[B, G, S, heads, hd]``; one softmax runs over both. The same
+queries attend to the prompt's keys/values ``[B, heads, P, hd]`` (one copy per prompt) and to
+their own member's keys/values ``[B, G, heads, S, hd]``; one softmax runs over both. The same
 layout serves three uses:
 
   * ``__call__`` / ``prefill``: a causal forward over ``[B, T]`` tokens (G = 1, no prefix);
@@ -11,7 +11,7 @@ layout serves three uses:
   * ``extend``: the training forward of the continuations ``[B, G, T]`` given the prefix; the
     prompt is run once per prompt, and gradients flow back through the shared prefix.
   * ``decode``: one token per member ``[B, G]`` against the prefix plus a member cache
-    ``[L, B, G, S, heads, hd]`` written at ``index``.
+    ``L x [B, G, heads, S, hd]`` written at ``index``.
 
 Params are float32; activations use ``dtype`` (float32 or bfloat16); logits come out float32.
 """
@@ -26,29 +26,40 @@ _NEG_INF = -1e30  # large-but-finite so fully masked rows never make NaNs
 
 
 class KV(NamedTuple):
-    """Keys and values, stacked over layers: ``k``/``v`` are ``[L, B, (G,) S, heads, hd]``."""
+    """Keys and values per layer: tuples of L arrays, head-major so that attention's batched
+    matmuls need no transpose of the cache: prefix ``[B, h, P, d]``, member cache
+    ``[B, G, h, S, d]``. Per-layer arrays (not one stacked array) let the decode loop update
+    each layer's cache in place."""
 
-    k: jax.Array
-    v: jax.Array
+    k: tuple
+    v: tuple
 
 
 def _attention(q, pk, pv, sk, sv, self_mask, dtype):
-    """Softmax attention over [prefix ; own] keys.
+    """Softmax attention over [prefix ; own] keys, one softmax over both.
 
-    q: [B, G, T, h, d]; pk/pv: [B, P, h, d] or None; sk/sv: [B, G, S, h, d];
+    q: [B, G, T, h, d]; pk/pv: [B, h, P, d] or None; sk/sv: [B, G, h, S, d];
     self_mask: broadcastable to [B, G, h, T, S] (True = may attend). Returns [B, G, T, h, d].
     """
-    scale = q.shape[-1] ** -0.5
-    s_self = jnp.einsum("bgthd,bgshd->bghts", q, sk).astype(jnp.float32) * scale
+    b, g, t, nh, hd = q.shape
+    q = q * jnp.asarray(hd**-0.5, q.dtype)
+    qs = q.transpose(0, 1, 3, 2, 4)  # [B, G, h, T, d]
+    s_self = jnp.einsum("bghtd,bghsd->bghts", qs, sk).astype(jnp.float32)
     s_self = jnp.where(self_mask, s_self, _NEG_INF)
     if pk is None:
         w = jax.nn.softmax(s_self, axis=-1).astype(dtype)
-        return jnp.einsum("bghts,bgshd->bgthd", w, sv)
-    s_pre = jnp.einsum("bgthd,bphd->bghtp", q, pk).astype(jnp.float32) * scale
+        out = jnp.einsum("bghts,bghsd->bghtd", w, sv)
+        return out.transpose(0, 1, 3, 2, 4)
+    # prefix keys are shared by the G members: fold (G, T) into one query axis
+    qp = q.transpose(0, 3, 1, 2, 4).reshape(b, nh, g * t, hd)
+    s_pre = jnp.einsum("bhqd,bhpd->bhqp", qp, pk).astype(jnp.float32)
+    s_pre = s_pre.reshape(b, nh, g, t, -1).transpose(0, 2, 1, 3, 4)  # [B, G, h, T, P]
     w = jax.nn.softmax(jnp.concatenate([s_pre, s_self], axis=-1), axis=-1).astype(dtype)
-    p = pk.shape[1]
-    out = jnp.einsum("bghtp,bphd->bgthd", w[..., :p], pv)
-    return out + jnp.einsum("bghts,bgshd->bgthd", w[..., p:], sv)
+    p = pk.shape[2]
+    wp = w[..., :p].transpose(0, 2, 1, 3, 4).reshape(b, nh, g * t, p)
+    out_p = jnp.einsum("bhqp,bhpd->bhqd", wp, pv).reshape(b, nh, g, t, hd)
+    out_s = jnp.einsum("bghts,bghsd->bghtd", w[..., p:], sv)
+    return out_p.transpose(0, 2, 3, 1, 4) + out_s.transpose(0, 1, 3, 2, 4)
 
 
 class Block(nn.Module):
@@ -60,11 +71,12 @@ class Block(nn.Module):
 
     @nn.compact
     def __call__(self, x, prefix, cache, index, deterministic):
-        """x: [B, G, T, D]. prefix: (k, v) [B, P, h, d] or None.
+        """x: [B, G, T, D]. prefix: (k, v) [B, h, P, d] or None.
 
         cache: None -> causal self-attention within x (prefill / extend);
-               (k, v) [B, G, S, h, d] -> decode: x's keys are written at ``index``.
-        Returns (x, (k, v)) where (k, v) are x's own keys/values, or the updated cache.
+               (k, v) [B, G, h, S, d] -> decode (T = 1): x's key/value are written at slot
+               ``index`` and x attends to slots <= index.
+        Returns (x, (k, v)): x's own keys/values [B, G, h, T, d], or the updated cache.
         """
         b, g, t, _ = x.shape
         hd = self.d_model // self.num_heads
@@ -73,16 +85,16 @@ class Block(nn.Module):
 
         h = nn.LayerNorm(dtype=self.dtype, param_dtype=jnp.float32, name="ln1")(x)
         qkv = dense(3 * self.d_model, "qkv")(h).reshape(b, g, t, 3, self.num_heads, hd)
-        q, k, v = qkv[..., 0, :, :], qkv[..., 1, :, :], qkv[..., 2, :, :]
+        q = qkv[..., 0, :, :]
+        k = qkv[..., 1, :, :].transpose(0, 1, 3, 2, 4)  # [B, G, h, T, d]
+        v = qkv[..., 2, :, :].transpose(0, 1, 3, 2, 4)
         if cache is None:
             sk, sv = k, v
             mask = jnp.tril(jnp.ones((t, t), bool))
-            new_kv = (k, v)
         else:
-            sk = jax.lax.dynamic_update_slice_in_dim(cache[0], k.astype(cache[0].dtype), index, 2)
-            sv = jax.lax.dynamic_update_slice_in_dim(cache[1], v.astype(cache[1].dtype), index, 2)
-            mask = (jnp.arange(sk.shape[2]) <= index)[None, :]
-            new_kv = (sk, sv)
+            sk = jax.lax.dynamic_update_slice_in_dim(cache[0], k.astype(cache[0].dtype), index, 3)
+            sv = jax.lax.dynamic_update_slice_in_dim(cache[1], v.astype(cache[1].dtype), index, 3)
+            mask = (jnp.arange(sk.shape[3]) <= index)[None, :]
         pk, pv = prefix if prefix is not None else (None, None)
         att = _attention(q, pk, pv, sk, sv, mask, self.dtype).reshape(b, g, t, self.d_model)
         x = x + drop(dense(self.d_model, "proj")(att))
@@ -90,7 +102,7 @@ class Block(nn.Module):
         h = nn.LayerNorm(dtype=self.dtype, param_dtype=jnp.float32, name="ln2")(x)
         h = nn.gelu(dense(self.mlp_ratio * self.d_model, "fc")(h))
         x = x + drop(dense(self.d_model, "out")(h))
-        return x, new_kv
+        return x, (sk, sv)
 
 
 class Transformer(nn.Module):
@@ -136,14 +148,14 @@ class Transformer(nn.Module):
         return self.embed.attend(self.ln_f(x)).astype(jnp.float32)
 
     def prefill(self, tokens, deterministic=True):
-        """tokens [B, T] -> (logits [B, T, V], prefix KV with k/v [L, B, T, h, d])."""
+        """tokens [B, T] -> (logits [B, T, V], prefix KV of L x [B, h, T, d])."""
         x = self._embed(tokens, 0, deterministic)[:, None]
         ks, vs = [], []
         for blk in self.blocks:
             x, (k, v) = blk(x, None, None, None, deterministic)
             ks.append(k[:, 0])
             vs.append(v[:, 0])
-        return self._logits(x[:, 0]), KV(jnp.stack(ks), jnp.stack(vs))
+        return self._logits(x[:, 0]), KV(tuple(ks), tuple(vs))
 
     def __call__(self, tokens, deterministic=True):
         """Full causal forward: tokens [B, T] -> logits [B, T, V]."""
@@ -161,22 +173,21 @@ class Transformer(nn.Module):
 
     def decode(self, prefix: KV, cache: KV, tokens, index, offset):
         """One step: tokens [B, G] at position offset + index, written into ``cache``
-        (k/v [L, B, G, S, h, d]) at slot ``index``. Returns (logits [B, G, V], cache)."""
+        (L x [B, G, h, S, d]) at slot ``index``. Returns (logits [B, G, V], cache)."""
         x = self._embed(tokens[..., None], offset + index, True)
         ks, vs = [], []
         for i, blk in enumerate(self.blocks):
             x, (k, v) = blk(x, (prefix.k[i], prefix.v[i]), (cache.k[i], cache.v[i]), index, True)
             ks.append(k)
             vs.append(v)
-        return self._logits(x[:, :, 0]), KV(jnp.stack(ks), jnp.stack(vs))
+        return self._logits(x[:, :, 0]), KV(tuple(ks), tuple(vs))
 
 
 def empty_cache(model: Transformer, batch: int, group: int, length: int) -> KV:
-    """Zeroed member cache ``[L, B, G, length, heads, hd]`` in the model's compute dtype."""
+    """Zeroed member cache, L x ``[B, G, heads, length, hd]``, in the compute dtype."""
     hd = model.d_model // model.num_heads
-    shape = (model.num_layers, batch, group, length, model.num_heads, hd)
-    z = jnp.zeros(shape, model.dtype)
-    return KV(z, z)
+    z = jnp.zeros((batch, group, model.num_heads, length, hd), model.dtype)
+    return KV((z,) * model.num_layers, (z,) * model.num_layers)
 
 
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}

@@ -24,6 +24,19 @@ from grpo_jax.task import build_task
 KEY_FIGURES = ("loss", "reward_mean", "kl", "eval/next_char_accuracy")
 
 
+class _QuietOrbax:
+    """absl log filter: orbax narrates every save at INFO; keep its warnings only."""
+
+    def filter(self, record):
+        return record.levelno >= 30 or "/orbax/" not in record.pathname  # 30 = WARNING
+
+
+def quiet_orbax():
+    handler = logging.get_absl_handler()
+    if not any(isinstance(f, _QuietOrbax) for f in handler.filters):
+        handler.addFilter(_QuietOrbax())
+
+
 class NonFiniteLossError(RuntimeError):
     """Raised when the loss is NaN/inf; the last good checkpoint is left in place."""
 
@@ -41,6 +54,7 @@ def train_and_evaluate(config, workdir: str, mode: str = "train"):
     """Runs GRPO (mode=train) or supervised pretraining (mode=pretrain) in ``workdir``.
 
     Returns the final TrainState and the last logged metrics."""
+    quiet_orbax()
     workdir = ckpt_lib.ensure_workdir(workdir)
     task = build_task(config, mode)
     params0 = initial_params(config, task)
