@@ -37,7 +37,7 @@ def make_pretrain_step(config, model, tx, schedule):
         metrics = {
             "loss": loss,
             "train_accuracy": acc,
-            "grad_norm": optax.global_norm(grads),
+            "grad_norm": optax.tree.norm(grads),
             "learning_rate": schedule(state.step),
         }
         return TrainState(state.step + 1, params, opt_state, state.rng), metrics

@@ -72,7 +72,8 @@ def sample_from_logits(logits, u, sp: SamplingParams):
     logp = tempered_logp(logits, sp)
     probs = jnp.exp(_filtered(logp, sp))
     cdf = jnp.cumsum(probs, axis=-1)
-    token = jnp.sum(cdf < (u * cdf[..., -1])[..., None], axis=-1)
+    # first index whose cdf exceeds u * total ("<=" skips leading filtered-out tokens)
+    token = jnp.sum(cdf <= (u * cdf[..., -1])[..., None], axis=-1)
     token = jnp.minimum(token, logits.shape[-1] - 1).astype(jnp.int32)
     tok_logp = jnp.take_along_axis(logp, token[..., None], axis=-1)[..., 0]
     return token, tok_logp, entropy_of_logp(logp)

@@ -116,7 +116,7 @@ def make_train_step(config, collect, loss_fn, tx, schedule, forced_flags, vocab_
             params, opt_state, old = carry
             (_, (m, logps)), grads = grad_fn(params, parts, old, i == 0, forced_flags)
             updates, opt_state = tx.update(grads, opt_state, params)
-            m["grad_norm"] = optax.global_norm(grads)
+            m["grad_norm"] = optax.tree.norm(grads)
             return (optax.apply_updates(params, updates), opt_state, logps), m
 
         old0 = tuple(p.logp_old for p in parts)

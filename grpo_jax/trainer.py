@@ -7,11 +7,11 @@ key is fold_in(rng, step), the resumed run ends with exactly the parameters an u
 run would.
 """
 
+import functools
 import json
 import math
 import time
 
-import chex
 import jax
 import numpy as np
 from absl import logging
@@ -35,6 +35,28 @@ def quiet_orbax():
     handler = logging.get_absl_handler()
     if not any(isinstance(f, _QuietOrbax) for f in handler.filters):
         handler.addFilter(_QuietOrbax())
+
+
+def trace_once(fn):
+    """Like ``chex.assert_max_traces(fn, n=1)``, but counting per call of this function.
+
+    chex keys its counter by the call stack and source of ``fn``, so a second
+    ``train_and_evaluate`` in the same process (a test, a notebook, a sweep) would
+    wrongly count as a retrace of the first run's step."""
+    traces = 0
+
+    @functools.wraps(fn)
+    def wrapped(*args, **kwargs):
+        nonlocal traces
+        traces += 1
+        if traces > 1:
+            raise AssertionError(
+                f"{fn.__name__} is traced {traces} times; the jitted step must compile once "
+                "(an input changed shape, dtype or structure between steps)"
+            )
+        return fn(*args, **kwargs)
+
+    return wrapped
 
 
 class NonFiniteLossError(RuntimeError):
@@ -66,7 +88,7 @@ def train_and_evaluate(config, workdir: str, mode: str = "train"):
         logging.info("resumed from %s at step %d", ckpt.directory, int(state.step))
     ckpt_lib.save_config(workdir, config)
 
-    jstep = jax.jit(chex.assert_max_traces(step_fn, n=1), donate_argnums=0)
+    jstep = jax.jit(trace_once(step_fn), donate_argnums=0)
     writer = MetricWriter(
         workdir,
         tensorboard=config.logging.tensorboard,
