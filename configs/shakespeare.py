@@ -77,18 +77,23 @@ def get_config(arg=None):
     c.reward.per_token = False  # keep [B,G,H] rewards (else mean over the horizon -> [B,G])
 
     c.grpo = config_dict.ConfigDict()
-    c.grpo.beta = 0.04  # KL coefficient
+    # KL coefficient. From scratch against an n-gram reference the exact KL is the dense,
+    # context-aware signal at every generated position; 1.0 lets it lead (0.04 collapses the
+    # policy onto frequent chars on CPU budgets, see experiments/results/plain_config.md).
+    c.grpo.beta = 1.0
     c.grpo.epsilon = 0.2  # PPO clip (low side)
     c.grpo.epsilon_high = config_dict.placeholder(float)  # PPO clip high side; None -> epsilon
     c.grpo.kl_estimator = "exact"  # exact | k1 | k2 | k3
     c.grpo.loss_agg = "sequence-mean-token-mean"  # see objective.AGGREGATIONS
     c.grpo.num_iterations = 1  # mu: optimizer updates per batch of rollouts
-    c.grpo.advantage_scale = "group"  # group | batch | none
+    # group | batch | none. "none" keeps raw reward differences: normalised per-position
+    # advantages of the continuations mostly reward matching a text the member has left.
+    c.grpo.advantage_scale = "none"
     c.grpo.entropy_coef = 0.0  # entropy bonus coefficient
     c.grpo.exhaustive_estimator = "expected"  # uniform | expected (exact all-action gradient)
 
     c.optim = config_dict.ConfigDict()
-    c.optim.learning_rate = 1e-3  # peak learning rate
+    c.optim.learning_rate = 3e-3  # peak learning rate
     c.optim.warmup_steps = 10  # linear warmup, then cosine decay to end_lr_fraction * peak
     c.optim.end_lr_fraction = 0.1  # final lr as a fraction of the peak
     c.optim.weight_decay = 0.0  # AdamW decoupled weight decay
@@ -97,17 +102,19 @@ def get_config(arg=None):
     c.optim.b2 = 0.99  # Adam beta2
 
     c.train = config_dict.ConfigDict()
-    c.train.batch_size = 8  # prompts per step (global across devices)
-    c.train.num_steps = 150  # GRPO steps
+    c.train.batch_size = 4  # prompts per step (global across devices)
+    c.train.num_steps = 150  # GRPO steps (~10 min exhaustive on a 2-core CPU)
     c.train.log_every = 5  # metrics cadence (host sync only here)
     c.train.eval_every = 50  # held-out evaluation cadence
     c.train.checkpoint_every = 50  # checkpoint cadence
     c.train.keep_checkpoints = 3  # checkpoints kept by the CheckpointManager
 
     c.pretrain = config_dict.ConfigDict()
-    c.pretrain.batch_size = 32  # windows per supervised step
-    c.pretrain.seq_len = 128  # chars per supervised window (<= max_len)
-    c.pretrain.num_steps = 2000  # supervised steps for --mode=pretrain
+    c.pretrain.batch_size = 24  # windows per supervised step
+    # chars per supervised window; 0 -> the model's whole window, so that every position
+    # embedding GRPO and the evaluation use (up to context_len + horizon) is trained
+    c.pretrain.seq_len = 0
+    c.pretrain.num_steps = 1200  # supervised steps for --mode=pretrain (~10 min on 2 cores)
     c.pretrain.learning_rate = 3e-3  # supervised peak learning rate
 
     c.eval = config_dict.ConfigDict()
@@ -150,7 +157,6 @@ def get_config(arg=None):
         c.train.eval_every = 200
         c.train.checkpoint_every = 200
         c.pretrain.batch_size = 64
-        c.pretrain.seq_len = 170
         c.pretrain.num_steps = 5000
         c.eval.num_windows = 1024
     if "tiny" in tokens:

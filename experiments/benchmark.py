@@ -22,7 +22,7 @@ from absl import app, flags
 from ml_collections import config_flags
 
 from grpo_jax import data as data_lib
-from grpo_jax import groups, reference, rewards, trainer
+from grpo_jax import groups, reference, rewards, sharding, trainer
 from grpo_jax import task as task_lib
 from grpo_jax.loss import make_loss
 from grpo_jax.model import make_model
@@ -34,6 +34,7 @@ flags.DEFINE_integer("warmup", 2, "Untimed steps after compilation.", lower_boun
 flags.DEFINE_integer("steps", 5, "Timed steps (median reported).", lower_bound=1)
 flags.DEFINE_integer("breakdown_runs", 3, "Runs per breakdown part (median).", lower_bound=1)
 flags.DEFINE_string("out", "", "Also append the JSON line to this file.")
+flags.DEFINE_bool("mesh", True, "Step on config.mesh as the trainer does (--nomesh: plain jit).")
 
 
 def timed(fn, *args, runs=1):
@@ -113,12 +114,22 @@ def main(argv):
     config = FLAGS.config
     task = task_lib.build_task(config, "train")
     params0 = trainer.initial_params(config, task)
-    step_fn, inputs = task.build(params0)
-    state = task.make_state(params0)
     n_params = sum(x.size for x in jax.tree.leaves(params0))
+    mesh = sharding.make_mesh(config.get("mesh")) if FLAGS.mesh else None
+    if mesh is not None:  # the trainer's path: sharded state/inputs, member shard_map
+        sharding.check_batch(config.train.batch_size, mesh)
+        step_fn, inputs = task.build(params0, mesh=mesh)
+        fsdp = bool(config.mesh.shard_params)
+        jstep, state, inputs, _ = sharding.jit_step(
+            step_fn, mesh, task.make_state(params0), inputs, fsdp
+        )
+    else:
+        step_fn, inputs = task.build(params0)
+        state = task.make_state(params0)
+        jstep = jax.jit(step_fn, donate_argnums=0)
 
     t0 = time.perf_counter()
-    compiled = jax.jit(step_fn, donate_argnums=0).lower(state, inputs).compile()
+    compiled = jstep.lower(state, inputs).compile()
     compile_s = time.perf_counter() - t0
     for _ in range(FLAGS.warmup):
         state, _ = jax.block_until_ready(compiled(state, inputs))
@@ -150,18 +161,20 @@ def main(argv):
         "loss": float(metrics["loss"]),
         "params_sharding": str(jax.tree.leaves(state.params)[0].sharding),
     }
-    if jax.device_count() > 1:
-        n = jax.device_count()
-        mesh = config.get("mesh")
-        data = (mesh.data if mesh.data > 0 else n // max(mesh.vocab, 1)) if mesh else n
-        b = config.train.batch_size
+    res["mesh"] = sharding.describe(mesh) if mesh is not None else "none (plain jit)"
+    if mesh is not None and jax.device_count() > 1:
+        members = task_lib.members_per_prompt(config, task.vocab.size)
         res["per_device"] = {
-            "num_devices": n,
-            "global_batch": b,
-            "mesh_data": data,  # from config.mesh
-            "prompts_per_device": b / data,
+            "num_devices": mesh.size,
+            **sharding.per_device_work(config, mesh, members),
             "peak_bytes_in_use": per_dev_peak,
         }
+        pd = res["per_device"]
+        print(
+            f"{res['mesh']}: {pd['prompts_per_device']:g} prompts x "
+            f"{pd['members_per_prompt_per_device']:g} members per device "
+            f"(of {pd['global_batch']} x {pd['members_per_prompt']:g})"
+        )
     print(
         f"device {res['device']} x{res['num_devices']}, params {n_params:,}, "
         f"group_mode {config.group.mode}, tokens/step {task.tokens_per_step}"

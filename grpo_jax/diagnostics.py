@@ -19,14 +19,17 @@ HELD_OUT_KEYS = (
 class Monitor:
     def __init__(self, diag_cfg):
         self.cfg = diag_cfg
-        self.low = self.high = 0
+        self.low = self.high = self.kl_over = 0
         self.prev_eval = None  # (reward_mean, held-out value, key) at the previous evaluation
         self.reward = None
 
     def update(self, step: int, metrics: dict) -> list[str]:
         c, out = self.cfg, []
         kl = metrics.get("kl")
-        if kl is not None and kl > c.kl_bound:
+        if kl is not None:
+            self.kl_over = self.kl_over + 1 if kl > c.kl_bound else 0
+        if kl is not None and self.kl_over > 0 and (self.kl_over - 1) % c.patience == 0:
+            # the first crossing, then every `patience` logged steps while it stays above
             out.append(
                 f"step {step}: kl={kl:.4f} exceeds diagnostics.kl_bound={c.kl_bound}; "
                 "the policy drifts from the reference: raise grpo.beta or lower the learning rate"

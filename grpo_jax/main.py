@@ -11,6 +11,7 @@ Bad input ends with one line on stderr and exit status 1; nothing on disk is tou
 """
 
 import json
+import logging as std_logging
 import sys
 
 from absl import app, flags, logging
@@ -22,6 +23,31 @@ FLAGS = flags.FLAGS
 config_flags.DEFINE_config_file("config", None, "Config file (path[:variant,...]).")
 flags.DEFINE_string("workdir", "runs/default", "Where checkpoints, metrics and logs go.")
 flags.DEFINE_string("mode", "train", f"One of {', '.join(MODES)}.")
+
+
+def _fail(message: str):
+    """The CLI's error contract: one line on stderr, exit status 1."""
+    print(f"error: {message}", file=sys.stderr)
+    sys.exit(1)
+
+
+def _parse_flags(argv):
+    """absl's parser, but a bad flag (e.g. get_config() raising on an unknown variant) ends
+    in one line instead of absl's multi-line "FATAL Flags parsing error" with a traceback."""
+    try:
+        return FLAGS(argv)
+    except flags.Error as e:
+        lines = [line.strip() for line in str(e).splitlines() if line.strip()]
+        if "Traceback (most recent call last):" in lines:
+            # config_flags wraps get_config()'s exception in its formatted traceback; the
+            # last line is "ValueError: <message>".
+            message = lines[-1].split(": ", 1)[-1]
+        else:
+            message = lines[0] if lines else type(e).__name__
+        _fail(message)
+    except (AttributeError, KeyError) as e:  # --config.a.b=... names no config field
+        name = str(e).strip("\"'")
+        _fail(f"no config field {name!r}: check the --config.* flag names against the config file")
 
 
 def run(config, workdir: str, mode: str):
@@ -51,14 +77,16 @@ def main(argv):
     except (ValueError, FileNotFoundError, RuntimeError) as e:
         # Bad input: one line, non-zero exit, nothing destroyed (see checkpoint.py).
         logging.flush()
-        print(f"error: {str(e).splitlines()[0] if str(e) else type(e).__name__}", file=sys.stderr)
-        sys.exit(1)
+        _fail(str(e).splitlines()[0] if str(e) else type(e).__name__)
 
 
 def _entry():
     flags.mark_flags_as_required(["config"])
+    # jax narrates its backend probe ("Unable to initialize backend 'tpu'") at INFO, which
+    # absl prints to stderr; keep stderr to our own lines (and one line on an error).
+    std_logging.getLogger("jax._src.xla_bridge").setLevel(std_logging.WARNING)
     try:
-        app.run(main)
+        app.run(main, flags_parser=_parse_flags)
     except Exception as e:  # a config file's get_config() raising (unknown variant, ...)
         if isinstance(e, ValueError | FileNotFoundError):
             print(f"error: {str(e).splitlines()[0]}", file=sys.stderr)

@@ -9,9 +9,14 @@ from grpo_jax import data as data_lib
 from grpo_jax.train_step import StepInputs, TrainState
 
 
+def seq_len(config, max_len: int) -> int:
+    """Supervised window length: ``pretrain.seq_len``, or the model's whole window when 0."""
+    return int(config.pretrain.seq_len) or int(max_len)
+
+
 def make_pretrain_step(config, model, tx, schedule):
     """Returns step(state, inputs) -> (state, metrics): one AdamW step on a random batch."""
-    b, seq = config.pretrain.batch_size, config.pretrain.seq_len
+    b, seq = config.pretrain.batch_size, seq_len(config, model.max_len)
 
     def loss_fn(params, inputs, labels, dropout_key):
         logits = model.apply(

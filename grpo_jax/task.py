@@ -14,7 +14,7 @@ import numpy as np
 
 from grpo_jax import data as data_lib
 from grpo_jax import evaluate as eval_lib
-from grpo_jax import groups, pretrain, reference, rewards
+from grpo_jax import groups, pretrain, reference, rewards, sharding
 from grpo_jax.loss import make_loss
 from grpo_jax.model import init_params, make_model
 from grpo_jax.train_step import (
@@ -31,7 +31,7 @@ class Task(NamedTuple):
 
     init_params: Callable[[jax.Array], Any]  # key -> params (before init_from)
     make_state: Callable[[Any], Any]  # params -> fresh TrainState
-    build: Callable[[Any], tuple[Callable, Any]]  # initial params -> (step fn, step inputs)
+    build: Callable[..., tuple[Callable, Any]]  # (initial params, mesh=None) -> (step, inputs)
     evaluate: Callable[[Any], tuple[dict, dict]]  # params -> (scalars, texts)
     tokens_per_step: int  # generated (or supervised) tokens per step, for tokens_per_s
     num_steps: int
@@ -98,21 +98,29 @@ def build_shakespeare(config, mode: str = "train") -> Task:
     lr = config.pretrain.learning_rate if pretraining else None
     tx, schedule = make_optimizer(config.optim, num_steps, lr)
 
-    def build(initial_params):
+    def build(initial_params, mesh=None):
         if pretraining:
             step = pretrain.make_pretrain_step(config, model, tx, schedule)
             return step, StepInputs(train_tokens, None)
         ref, ref_state = reference.make_reference(config.reference, corpus, model, initial_params)
+        hooks = sharding.step_hooks(mesh)  # member shard_map over vocab, prompts over data
         collect = groups.make_collect(
-            config, model, vocab.size, ref, rewards.make_reward_fn(config.reward)
+            config,
+            model,
+            vocab.size,
+            ref,
+            rewards.make_reward_fn(config.reward),
+            member_map=hooks.member_map,
         )
         flags = parts_forced_flags(config)
         loss_fn = make_loss(config, model, has_reference=ref is not None)
-        step = make_train_step(config, collect, loss_fn, tx, schedule, flags, vocab.size)
+        step = make_train_step(
+            config, collect, loss_fn, tx, schedule, flags, vocab.size, hooks.shard_batch
+        )
         return step, StepInputs(train_tokens, ref_state)
 
     if pretraining:
-        tokens = config.pretrain.batch_size * config.pretrain.seq_len
+        tokens = config.pretrain.batch_size * pretrain.seq_len(config, max_len)
     else:
         tokens = config.train.batch_size * h * members_per_prompt(config, vocab.size)
     return Task(
@@ -140,7 +148,22 @@ def members_per_prompt(config, vocab_size: int) -> float:
     return g.size + groups.adaptive_budget(b) * vocab_size * n / b
 
 
-TASKS = {"shakespeare": build_shakespeare}
+def _lazy(module: str, name: str):
+    """A builder imported on first use (task modules import this one: no import cycle)."""
+
+    def build(config, mode: str = "train") -> Task:
+        import importlib
+
+        return getattr(importlib.import_module(f"grpo_jax.{module}"), name)(config, mode)
+
+    return build
+
+
+TASKS = {
+    "shakespeare": build_shakespeare,
+    "toy_bandit": _lazy("toy_bandit", "build_toy_bandit"),
+    "fill_in": _lazy("fill_in", "build_fill_in"),
+}
 
 
 def build_task(config, mode: str = "train") -> Task:

@@ -97,8 +97,12 @@ def group_metrics(parts, forced_flags, vocab_size):
     return merged
 
 
-def make_train_step(config, collect, loss_fn, tx, schedule, forced_flags, vocab_size):
-    """Returns step(state, inputs) -> (state, metrics). Pure; jit it once."""
+def make_train_step(
+    config, collect, loss_fn, tx, schedule, forced_flags, vocab_size, shard_batch=None
+):
+    """Returns step(state, inputs) -> (state, metrics). Pure; jit it once.
+
+    ``shard_batch`` (sharding.step_hooks) constrains the sampled prompts to the data axis."""
     b, c, h = config.train.batch_size, config.data.context_len, config.data.horizon
     mu = int(config.grpo.num_iterations)
     if mu < 1:
@@ -108,6 +112,8 @@ def make_train_step(config, collect, loss_fn, tx, schedule, forced_flags, vocab_
         key = jax.random.fold_in(state.rng, state.step)
         k_data, k_roll = jax.random.split(key)
         context, target = data_lib.sample_windows(k_data, inputs.train_tokens, b, c, h)
+        if shard_batch is not None:
+            context, target = shard_batch((context, target))
         parts, info = collect(state.params, inputs.ref_state, context, target, k_roll)
         parts = jax.lax.stop_gradient(parts)
         grad_fn = jax.value_and_grad(loss_fn, has_aux=True)

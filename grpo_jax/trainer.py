@@ -17,7 +17,7 @@ import numpy as np
 from absl import logging
 
 from grpo_jax import checkpoint as ckpt_lib
-from grpo_jax import diagnostics, plots
+from grpo_jax import diagnostics, plots, sharding
 from grpo_jax.metric_writers import MetricWriter, ProgressBar
 from grpo_jax.task import build_task
 
@@ -77,18 +77,29 @@ def train_and_evaluate(config, workdir: str, mode: str = "train"):
 
     Returns the final TrainState and the last logged metrics."""
     quiet_orbax()
-    workdir = ckpt_lib.ensure_workdir(workdir)
     task = build_task(config, mode)
     params0 = initial_params(config, task)
-    step_fn, inputs = task.build(params0)
-    state = task.make_state(params0)
+    mesh = sharding.make_mesh(config.get("mesh"))  # once per run; see sharding.py
+    if mode != "pretrain":
+        sharding.check_batch(config.train.batch_size, mesh)
+    step_fn, inputs = task.build(params0, mesh=mesh)
+    # state replicated (or FSDP over data), inputs replicated; compiled once for this mesh
+    jstep, state, inputs, _ = sharding.jit_step(
+        step_fn,
+        mesh,
+        task.make_state(params0),
+        inputs,
+        bool(config.get("mesh", {}).get("shard_params", False)),
+        wrap=trace_once,
+    )
+    logging.info("%s over %d devices", sharding.describe(mesh), mesh.size)
+    workdir = ckpt_lib.ensure_workdir(workdir)  # after the config checks: bad input makes no dir
     ckpt = ckpt_lib.Checkpointer(workdir / "checkpoints", keep=config.train.keep_checkpoints)
     if ckpt.latest_step() is not None:
-        state = ckpt.restore(state)
+        state = ckpt.restore(state)  # onto the template's shardings: this run's mesh
         logging.info("resumed from %s at step %d", ckpt.directory, int(state.step))
     ckpt_lib.save_config(workdir, config)
 
-    jstep = jax.jit(trace_once(step_fn), donate_argnums=0)
     writer = MetricWriter(
         workdir,
         tensorboard=config.logging.tensorboard,
@@ -171,9 +182,9 @@ def _write_char_stats(workdir, step, stats, vocab):
 
 def evaluate_only(config, workdir: str):
     """--mode=eval: evaluate the latest checkpoint in workdir (or init_from / a fresh init)."""
-    workdir = ckpt_lib.ensure_workdir(workdir)
     task = build_task(config, "eval")
     params = initial_params(config, task)
+    workdir = ckpt_lib.ensure_workdir(workdir)
     ckpt = ckpt_lib.Checkpointer(workdir / "checkpoints", keep=config.train.keep_checkpoints)
     if ckpt.latest_step() is not None:
         params = ckpt.restore(task.make_state(params)).params

@@ -1,0 +1,150 @@
+"""Single-step fill-in on tiny Shakespeare with a judge reward (grpo_jax/fill_in.py).
+
+Usage (train the judge first, then GRPO against it):
+  python -m grpo_jax.main --config=configs/fill_in.py --mode=train_judge --workdir=runs/judge
+  python -m grpo_jax.main --config=configs/fill_in.py --config.judge.checkpoint=runs/judge \
+      --workdir=runs/fill_in
+  python -m grpo_jax.main --config=configs/fill_in.py --config.judge.checkpoint=runs/judge \
+      --mode=eval --workdir=runs/fill_in
+
+`get_config(arg)` takes comma-separated variant tokens:
+  size: (none: 2-core CPU, a few minutes) | full (one GPU/TPU) | tiny (unit tests, seconds)
+The judge's architecture (judge.*) and data.window_len must be the same in both runs.
+"""
+
+from ml_collections import config_dict
+
+SIZES = ("full", "tiny")
+
+
+def get_config(arg=None):
+    tokens = [t.strip() for t in (arg or "").split(",") if t.strip()]
+    unknown = [t for t in tokens if t not in SIZES]
+    if unknown:
+        raise ValueError(
+            f"unknown config variant {unknown[0]!r} for configs/fill_in.py; "
+            f"choose from {', '.join(SIZES)} (comma-separated)"
+        )
+
+    c = config_dict.ConfigDict()
+    c.task = "fill_in"  # which task builder runs (grpo_jax/task.py TASKS)
+    c.seed = 0  # root PRNG seed; every step's key is fold_in(root, step)
+    c.init_from = ""  # checkpoint dir to initialise the generator (and reference) from
+    c.distributed = False  # call jax.distributed.initialize() (multi-host runs)
+
+    c.data = config_dict.ConfigDict()
+    c.data.path = ""  # corpus file; "" -> $GRPO_JAX_DATA -> user cache -> download
+    c.data.train_fraction = 0.9  # contiguous train/val split point
+    c.data.window_len = 24  # L: chars per window (generator and judge input)
+    c.data.span_min = 1  # shortest masked span
+    c.data.span_max = 3  # longest masked span
+    c.data.mask_char = "█"  # the mask token, added to the vocabulary (must not be in the corpus)
+
+    c.model = config_dict.ConfigDict()  # the bidirectional generator (grpo_jax/encoder.py)
+    c.model.num_layers = 2  # transformer blocks
+    c.model.num_heads = 2  # attention heads (d_model % num_heads == 0)
+    c.model.d_model = 64  # residual width
+    c.model.mlp_ratio = 4  # MLP hidden = mlp_ratio * d_model
+
+    c.judge = config_dict.ConfigDict()  # the sequence scorer (grpo_jax/judge.py)
+    c.judge.checkpoint = ""  # workdir of a --mode=train_judge run (required by --mode=train)
+    c.judge.reward = "prob"  # reward = sigmoid(judge logit) (prob) or the logit itself (logit)
+    c.judge.num_layers = 2  # transformer blocks
+    c.judge.num_heads = 2  # attention heads
+    c.judge.d_model = 64  # residual width
+    c.judge.corruptions = "random,unigram,swap"  # span corruptions of the negatives
+    c.judge.batch_size = 32  # real windows per step (plus as many corrupted ones)
+    c.judge.num_steps = 1000  # --mode=train_judge steps
+    c.judge.learning_rate = 2e-3  # --mode=train_judge peak learning rate
+
+    c.group = config_dict.ConfigDict()
+    c.group.size = 8  # k fills per masked window (the group)
+    c.group.temperature = 1.0  # sampling temperature (also used for the training log-probs)
+    c.group.top_k = 0  # sample from the top-k chars only (0 = off)
+    c.group.top_p = 1.0  # nucleus sampling mass (1.0 = off)
+
+    c.grpo = config_dict.ConfigDict()
+    c.grpo.beta = 0.01  # KL coefficient (to the frozen reference generator)
+    c.grpo.epsilon = 0.2  # PPO clip (low side)
+    c.grpo.epsilon_high = config_dict.placeholder(float)  # PPO clip high side; None -> epsilon
+    c.grpo.kl_estimator = "exact"  # exact (over V, per masked position) | k1 | k2 | k3
+    c.grpo.loss_agg = "sequence-mean-token-mean"  # see objective.AGGREGATIONS
+    c.grpo.num_iterations = 2  # mu: optimizer updates per batch of fills
+    c.grpo.advantage_scale = "group"  # group | batch | none
+    c.grpo.entropy_coef = 0.0  # entropy bonus coefficient
+
+    c.optim = config_dict.ConfigDict()
+    c.optim.learning_rate = 1e-3  # peak learning rate (GRPO)
+    c.optim.warmup_steps = 20  # linear warmup, then cosine decay to end_lr_fraction * peak
+    c.optim.end_lr_fraction = 0.1  # final lr as a fraction of the peak
+    c.optim.weight_decay = 0.0  # AdamW decoupled weight decay
+    c.optim.grad_clip = 1.0  # global-norm clip (0 = off)
+    c.optim.b1 = 0.9  # Adam beta1
+    c.optim.b2 = 0.99  # Adam beta2
+
+    c.train = config_dict.ConfigDict()
+    c.train.batch_size = 16  # masked windows per step
+    c.train.num_steps = 600  # GRPO steps (--mode=train_judge uses judge.num_steps)
+    c.train.log_every = 10  # metrics cadence (host sync only here)
+    c.train.eval_every = 100  # held-out evaluation cadence
+    c.train.checkpoint_every = 200  # checkpoint cadence
+    c.train.keep_checkpoints = 2  # checkpoints kept by the CheckpointManager
+
+    c.eval = config_dict.ConfigDict()
+    c.eval.num_windows = 512  # held-out windows (fixed, with fixed spans) per evaluation
+    c.eval.pass_k = (1, 4)  # k values for eval/pass@k (whole span restored in k samples)
+    c.eval.num_samples = 3  # masked / filled / original triples written to samples.txt
+
+    c.mesh = config_dict.ConfigDict()
+    c.mesh.data = -1  # devices on the data axis (-1 = all remaining); this task runs on one
+    c.mesh.vocab = 1  # devices on the vocabulary/group axis
+    c.mesh.shard_params = False  # FSDP-style: shard params/optimizer state over data
+
+    c.logging = config_dict.ConfigDict()
+    c.logging.tensorboard = True  # write TensorBoard event files to the workdir
+    c.logging.wandb = False  # also log to Weights & Biases (if installed)
+    c.logging.wandb_project = "grpo_jax"  # W&B project name
+    c.logging.progress = True  # console progress bar
+    c.logging.char_stats_every = 0  # per-first-char stats (shakespeare exhaustive only)
+
+    c.diagnostics = config_dict.ConfigDict()
+    c.diagnostics.kl_bound = 0.5  # warn when kl (per masked char, nats) exceeds this
+    c.diagnostics.reward_std_low = 0.05  # warn when the group reward std stays below ...
+    c.diagnostics.reward_std_high = 2.0  # ... or above this (judge probs lie in [0, 1])
+    c.diagnostics.patience = 20  # for this many consecutive logged steps
+
+    if "full" in tokens:
+        c.data.window_len = 64
+        c.data.span_max = 8
+        c.model.num_layers = 4
+        c.model.num_heads = 4
+        c.model.d_model = 256
+        c.judge.num_layers = 4
+        c.judge.num_heads = 4
+        c.judge.d_model = 256
+        c.judge.num_steps = 5000
+        c.judge.batch_size = 256
+        c.train.batch_size = 64
+        c.group.size = 16
+        c.train.num_steps = 3000
+        c.train.eval_every = 250
+        c.train.checkpoint_every = 500
+        c.eval.num_windows = 2048
+    if "tiny" in tokens:
+        c.data.window_len = 12
+        c.model.num_layers = 1
+        c.model.d_model = 16
+        c.judge.num_layers = 1
+        c.judge.d_model = 16
+        c.judge.batch_size = 8
+        c.judge.num_steps = 4
+        c.train.batch_size = 4
+        c.group.size = 4
+        c.train.num_steps = 4
+        c.train.log_every = 1
+        c.train.eval_every = 2
+        c.train.checkpoint_every = 2
+        c.eval.num_windows = 16
+        c.logging.progress = False
+        c.logging.tensorboard = False
+    return c

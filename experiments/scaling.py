@@ -1,0 +1,290 @@
+"""The exhaustive-GRPO guide's scaling table: iteration time and peak memory vs vocabulary V.
+
+One exhaustive GRPO train step (group = all V first tokens, each continued for horizon - 1
+sampled tokens; the whole step jitted once, state donated) for a model with vocabulary V on
+synthetic data: ``train_tokens`` is a random int32 array in [0, V), the reward is ``match``
+(per-char agreement with the window's true continuation), and there is NO reference model
+(``reference=None``), so the step has no KL term at all (no exact KL over V, no reference
+log-probs): the figures are rollout + reward + policy gradient + optimizer update only.
+The model is the plain config's (4 layers, 4 heads, width 128 unless overridden), B=8,
+context 100, horizon 70. ``group.vocab_chunk`` per V comes from ``--chunk_for_v`` (V not
+listed: 0 = all V actions at once).
+
+Each V runs in its own subprocess, so the process peak RSS is that V's own. Memory: on GPU
+``device.memory_stats()["peak_bytes_in_use"]``; on CPU the step executable's
+``compiled.memory_analysis()`` argument + output + temp (- aliased), plus the process peak RSS.
+
+This CPU's run (2 cores, shared):
+
+  python experiments/scaling.py --vocab_sizes=65,256 --warmup=1 --steps=2
+
+On one GPU (H100/H200), the full table:
+
+  python experiments/scaling.py --vocab_sizes=65,256,1000,50000 \
+      --chunk_for_v=1000:250,50000:500 --warmup=1 --steps=3
+
+Writes ``--out_dir/<name>.md`` and ``--out_dir/<name>.json``.
+"""
+
+import json
+import os
+import resource
+import shlex
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+from absl import app, flags
+from ml_collections import config_flags
+
+from grpo_jax import groups, rewards
+from grpo_jax.loss import make_loss
+from grpo_jax.model import init_params, make_model
+from grpo_jax.train_step import (
+    StepInputs,
+    init_state,
+    make_optimizer,
+    make_train_step,
+    parts_forced_flags,
+)
+
+FLAGS = flags.FLAGS
+config_flags.DEFINE_config_file(
+    "config", "configs/shakespeare.py:exhaustive", "Config file (model, group, grpo settings)."
+)
+flags.DEFINE_list("vocab_sizes", ["65", "256", "1000", "50000"], "Vocabulary sizes V to run.")
+flags.DEFINE_string(
+    "chunk_for_v", "1000:250,50000:500", "group.vocab_chunk per V as V:chunk,...; unlisted: 0."
+)
+flags.DEFINE_integer("batch_size", 8, "Prompts per step (B).", lower_bound=1)
+flags.DEFINE_integer("context_len", 100, "Context length.", lower_bound=1)
+flags.DEFINE_integer("horizon", 70, "Horizon.", lower_bound=1)
+flags.DEFINE_integer("corpus_len", 200_000, "Length of the synthetic token array.")
+flags.DEFINE_integer("warmup", 1, "Untimed steps after compilation.", lower_bound=0)
+flags.DEFINE_integer("steps", 2, "Timed steps (median reported).", lower_bound=1)
+flags.DEFINE_string("out_dir", "experiments/results", "Where the table and JSON go.")
+flags.DEFINE_string("name", "scaling", "Basename of the output files.")
+flags.DEFINE_integer("one_v", 0, "Internal: measure this V in this process, print one JSON line.")
+
+GUIDE = {  # V -> (feasible?, memory GB, time/iteration) as the guide states them
+    65: ("yes", "12", "6 s"),
+    256: ("yes", "48", "24 s"),
+    1000: ("marginal", "190", "95 s"),
+    50000: ("no (one 80 GB GPU)", "≈9,500", "~1 h"),
+}
+GIB = 2**30
+
+
+def parse_chunks(spec: str) -> dict:
+    out = {}
+    for item in filter(None, (s.strip() for s in spec.split(","))):
+        v, _, c = item.partition(":")
+        out[int(v)] = int(c)
+    return out
+
+
+def step_config(v: int):
+    config = FLAGS.config
+    config.group.mode = "exhaustive"
+    config.group.vocab_chunk = parse_chunks(FLAGS.chunk_for_v).get(v, 0)
+    config.train.batch_size = FLAGS.batch_size
+    config.data.context_len = FLAGS.context_len
+    config.data.horizon = FLAGS.horizon
+    config.reference.kind = "none"
+    config.reward.terms = "match"
+    return config
+
+
+def memory(compiled):
+    """Peak memory figures, as experiments/benchmark.py measures them."""
+    out = {"process_peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024}
+    try:
+        ma = compiled.memory_analysis()
+    except Exception:  # not every backend implements it
+        ma = None
+    if ma is not None:
+        names = ("argument", "output", "temp", "alias", "generated_code")
+        sizes = {n: int(getattr(ma, f"{n}_size_in_bytes", 0)) for n in names}
+        out["executable_memory"] = sizes
+        out["executable_bytes"] = sizes["argument"] + sizes["output"] + sizes["temp"]
+        out["executable_bytes"] -= sizes["alias"]
+    stats = jax.devices()[0].memory_stats()
+    if stats and "peak_bytes_in_use" in stats:
+        out["peak_memory_bytes"] = int(stats["peak_bytes_in_use"])
+        out["peak_memory_source"] = "device.memory_stats()[peak_bytes_in_use]"
+    elif "executable_bytes" in out:
+        out["peak_memory_bytes"] = out["executable_bytes"]
+        out["peak_memory_source"] = "compiled.memory_analysis() argument+output+temp-alias"
+    else:
+        out["peak_memory_bytes"] = out["process_peak_rss_bytes"]
+        out["peak_memory_source"] = "process peak RSS (ru_maxrss)"
+    return out
+
+
+def measure(v: int) -> dict:
+    config = step_config(v)
+    c, h = config.data.context_len, config.data.horizon
+    max_len = config.model.max_len or c + h
+    model = make_model(config.model, v, max_len)
+    params = init_params(model, jax.random.PRNGKey(config.seed))
+    collect = groups.make_collect(config, model, v, None, rewards.make_reward_fn(config.reward))
+    loss_fn = make_loss(config, model, has_reference=False)
+    tx, schedule = make_optimizer(config.optim, FLAGS.warmup + FLAGS.steps)
+    step = make_train_step(config, collect, loss_fn, tx, schedule, parts_forced_flags(config), v)
+    state = init_state(params, tx, config.seed)
+    tokens = jax.random.randint(jax.random.PRNGKey(1), (FLAGS.corpus_len,), 0, v, jnp.int32)
+    inputs = StepInputs(tokens, None)
+
+    t0 = time.perf_counter()
+    compiled = jax.jit(step, donate_argnums=0).lower(state, inputs).compile()
+    compile_s = time.perf_counter() - t0
+    for _ in range(FLAGS.warmup):
+        state, metrics = jax.block_until_ready(compiled(state, inputs))
+    times = []
+    for _ in range(FLAGS.steps):
+        t0 = time.perf_counter()
+        state, metrics = jax.block_until_ready(compiled(state, inputs))
+        times.append(time.perf_counter() - t0)
+    med = statistics.median(times)
+    gen = float(metrics["generated_tokens"])
+    dev = jax.devices()[0]
+    return {
+        "vocab_size": v,
+        "vocab_chunk": int(config.group.vocab_chunk),
+        "device": f"{dev.device_kind} ({dev.platform})",
+        "params": int(sum(x.size for x in jax.tree.leaves(params))),
+        "batch_size": config.train.batch_size,
+        "context_len": c,
+        "horizon": h,
+        "model": f"{config.model.num_layers}x{config.model.num_heads}x{config.model.d_model} "
+        f"{config.model.dtype}",
+        "train_continuations": bool(config.group.train_continuations),
+        "exhaustive_estimator": config.grpo.exhaustive_estimator,
+        "compile_s": compile_s,
+        "step_times_s": times,
+        "median_step_s": med,
+        "generated_tokens_per_step": gen,
+        "tokens_per_s": gen / med,
+        "loss": float(metrics["loss"]),
+        **memory(compiled),
+    }
+
+
+def command_line():
+    return "python experiments/scaling.py " + " ".join(map(shlex.quote, sys.argv[1:]))
+
+
+def fmt_bytes(b):
+    return f"{b / GIB:.2f} GiB" if b >= GIB / 4 else f"{b / 2**20:.0f} MiB"
+
+
+def write_outputs(results: dict, device: str):
+    out_dir = Path(FLAGS.out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    raw = {
+        "device": device,
+        "command": command_line(),
+        "overrides": dict(config_flags.get_override_values(FLAGS["config"])),
+        "guide_claims": {str(k): v for k, v in GUIDE.items()},
+        "results": {str(k): v for k, v in results.items()},
+    }
+    (out_dir / f"{FLAGS.name}.json").write_text(json.dumps(raw, indent=1))
+    any_r = next((r for r in results.values() if "median_step_s" in r), {})
+    lines = [
+        "# Exhaustive GRPO scaling with the vocabulary size V",
+        "",
+        f"- Device: **{device}** (jax {jax.__version__}).",
+        f"- Command: `{raw['command']}`",
+        f"- Setup: one exhaustive GRPO train step (jitted once, state donated): B="
+        f"{FLAGS.batch_size} prompts × V forced first tokens, each continued for "
+        f"{FLAGS.horizon - 1} sampled tokens (horizon {FLAGS.horizon}), context "
+        f"{FLAGS.context_len}; model {any_r.get('model', '?')}; synthetic data (uniform "
+        "random int32 tokens in [0, V)); reward `match`; "
+        f"estimator `{any_r.get('exhaustive_estimator', '?')}`, train_continuations="
+        f"{any_r.get('train_continuations', '?')}; {FLAGS.warmup} warm-up + {FLAGS.steps} "
+        "timed steps, median reported.",
+        "- **No reference model** (`reference=None`): the step has no KL term, so the exact "
+        "KL over V at the decision point (and the reference's [B, V, H, V] log-probs) is "
+        "**off** here; figures with the n-gram reference would be higher.",
+        "- Memory on CPU: the step executable's `compiled.memory_analysis()` argument + "
+        "output + temp − aliased (XLA's figure for the step), and the process peak RSS "
+        "(ru_maxrss, one process per V, includes JAX/XLA runtime and compilation); on GPU "
+        "`memory_stats()['peak_bytes_in_use']`.",
+        "- `vocab_chunk` bounds the rollout's memory only (actions rolled out that many at a "
+        "time); the loss's training forward over the continuations is not chunked.",
+        "",
+        "| V | vocab_chunk | guide: feasible | guide: memory (GB) | guide: time / iteration "
+        "| measured: time / iteration (s, median) | measured: step executable memory "
+        "| measured: process peak RSS | compile (s) | generated tokens/s |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for v in sorted(set(GUIDE) | set(results)):
+        g = GUIDE.get(v, ("–", "–", "–"))
+        r = results.get(v)
+        if r is None or "median_step_s" not in r:
+            why = r["error"] if r else "not run"
+            if r is None and v > 256:
+                why = "not run on this device (needs a GPU)"
+            lines.append(f"| {v} | – | {g[0]} | {g[1]} | {g[2]} | {why} | – | – | – | – |")
+            continue
+        lines.append(
+            f"| {v} | {r['vocab_chunk']} | {g[0]} | {g[1]} | {g[2]} | "
+            f"{r['median_step_s']:.2f} ({', '.join(f'{t:.2f}' for t in r['step_times_s'])}) | "
+            f"{fmt_bytes(r.get('executable_bytes', r['peak_memory_bytes']))} | "
+            f"{fmt_bytes(r['process_peak_rss_bytes'])} | {r['compile_s']:.1f} | "
+            f"{r['tokens_per_s']:,.0f} |"
+        )
+    lines += [
+        "",
+        "The guide's figures are claims for an 80 GB GPU with an unstated model; nothing "
+        "here is extrapolated to the V that were not run.",
+    ]
+    if any(
+        "peak_memory_source" in r and "memory_stats" in r["peak_memory_source"]
+        for r in results.values()
+    ):
+        lines.append("Memory column: device peak_bytes_in_use.")
+    md = "\n".join(lines) + "\n"
+    (out_dir / f"{FLAGS.name}.md").write_text(md)
+    return md
+
+
+def main(argv):
+    if len(argv) > 1:
+        raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+    if FLAGS.one_v:
+        print(json.dumps(measure(FLAGS.one_v)), flush=True)
+        return
+    results = {}
+    env = dict(os.environ)
+    for v in map(int, FLAGS.vocab_sizes):
+        cmd = [sys.executable, os.path.abspath(__file__), *sys.argv[1:], f"--one_v={v}"]
+        print(f"V={v}: {shlex.join(cmd)}", flush=True)
+        proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
+        lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
+        if proc.returncode or not lines:
+            err = (proc.stderr.strip().splitlines() or ["no output"])[-1][:200]
+            print(f"  failed: {err}", flush=True)
+            results[v] = {"vocab_size": v, "error": f"failed: {err}"}
+            continue
+        results[v] = json.loads(lines[-1])
+        r = results[v]
+        print(
+            f"  median {r['median_step_s']:.2f}s/step, executable "
+            f"{fmt_bytes(r.get('executable_bytes', 0))}, RSS "
+            f"{fmt_bytes(r['process_peak_rss_bytes'])}",
+            flush=True,
+        )
+    dev = jax.devices()[0]
+    device = f"{dev.device_kind} ({dev.platform})"
+    if dev.platform == "cpu":
+        device += f", {os.cpu_count()} CPU cores visible"
+    print(write_outputs(results, device))
+
+
+if __name__ == "__main__":
+    app.run(main)

@@ -1,0 +1,215 @@
+"""Single-step fill-in on tiny Shakespeare, rewarded by a frozen judge, as a Task.
+
+A train window of ``data.window_len`` chars gets one masked span (length uniform in
+[data.span_min, data.span_max]); the masked positions hold the mask token
+``data.mask_char``, added to the vocabulary (id V). A bidirectional generator (encoder.py,
+head="tokens") reads the masked window and outputs a distribution over the V real chars at
+every position; a group member fills *all* masked positions in one step by sampling them.
+The reward is the frozen judge's probability that the filled window is real (the sigmoid of
+its logit, judge.py, ``judge.reward=prob``) or the logit itself (``logit``). The KL is exact,
+per masked position, to the frozen reference generator (the initial generator: ``init_from``
+or a fresh init). The step is grpo_jax.single_step's (the shared objective), so metric
+names match the other tasks'; ``sample_fill_accuracy`` is the share of sampled chars equal to
+the original.
+
+Modes: ``train_judge`` trains the judge (judge.py) in its own workdir; ``train`` loads it from
+``judge.checkpoint`` and runs GRPO; ``eval`` evaluates the latest generator checkpoint.
+
+Held-out metrics (fixed val windows and spans):
+  eval/fill_accuracy          greedy fill: share of masked chars equal to the original
+  eval/sampled_fill_accuracy  mean π(original char) over masked positions
+  eval/pass@k                 P(one of k sampled fills restores the whole span), exact
+  eval/judge_reward           the judge's reward of the greedy fills
+  eval/judge_reward_original  the judge's reward of the original windows (a ceiling)
+"""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from absl import logging
+
+from grpo_jax import data as data_lib
+from grpo_jax import judge as judge_lib
+from grpo_jax import single_step
+from grpo_jax.encoder import Encoder
+from grpo_jax.task import Task
+from grpo_jax.train_step import init_state, make_optimizer
+
+MODES = ("train", "eval", "train_judge")
+JUDGE_REWARDS = ("prob", "logit")
+
+
+def validate(config, mode: str):
+    d = config.data
+    if mode not in MODES:
+        raise ValueError(f"task=fill_in has no --mode={mode}; choose from {', '.join(MODES)}")
+    if not 1 <= d.span_min <= d.span_max <= d.window_len:
+        raise ValueError(
+            f"need 1 <= data.span_min ({d.span_min}) <= data.span_max ({d.span_max}) "
+            f"<= data.window_len ({d.window_len})"
+        )
+    kinds = tuple(k.strip() for k in config.judge.corruptions.split(",") if k.strip())
+    bad = [k for k in kinds if k not in judge_lib.CORRUPTIONS]
+    if not kinds or bad:
+        raise ValueError(
+            f"judge.corruptions={config.judge.corruptions!r} must name some of "
+            f"{', '.join(judge_lib.CORRUPTIONS)}"
+        )
+    if config.judge.reward not in JUDGE_REWARDS:
+        raise ValueError(f"judge.reward={config.judge.reward!r} is unknown; choose {JUDGE_REWARDS}")
+    if mode != "train_judge":
+        single_step.check_grpo_config(config)
+    return kinds
+
+
+def mask_token(config, vocab: data_lib.Vocab) -> int:
+    """The mask token's id (V, appended to the vocabulary); a one-line error without one."""
+    ch = config.data.mask_char
+    if not ch:
+        raise ValueError(
+            "data.mask_char is empty: the fill-in data has no mask token; set it to one "
+            "character the corpus lacks, e.g. --config.data.mask_char='█'"
+        )
+    if len(ch) != 1 or ch in vocab.chars:
+        raise ValueError(
+            f"data.mask_char={ch!r} must be one character that the corpus lacks (the mask "
+            "token is added to the vocabulary)"
+        )
+    return vocab.size
+
+
+def build_fill_in(config, mode: str = "train") -> Task:
+    kinds = validate(config, mode)
+    d, j = config.data, config.judge
+    corpus = data_lib.load_corpus(config.data)
+    v = corpus.vocab.size
+    mask_id = mask_token(config, corpus.vocab)
+    vocab = data_lib.Vocab(corpus.vocab.chars + d.mask_char)  # id v = mask (decode only)
+    length = d.window_len
+    train_tokens = jnp.asarray(corpus.train)
+    log_uni = judge_lib.log_unigram_of(corpus.train, v)
+    n_val = min(config.eval.num_windows, max(1, (len(corpus.val) - length) // length))
+    val_ctx, val_tgt = data_lib.eval_windows(corpus.val, n_val, length - 1, 1)
+    val_windows = np.concatenate([val_ctx, val_tgt], 1)
+    judge_model = judge_lib.make_judge_model(j, v, length)
+
+    if mode == "train_judge":
+        tx, schedule = make_optimizer(config.optim, j.num_steps, j.learning_rate)
+
+        def build_judge(initial_params, mesh=None):  # single-device task: mesh is unused
+            step = judge_lib.make_judge_step(config, judge_model, tx, schedule, kinds, v)
+            return step, (train_tokens, log_uni)
+
+        return Task(
+            init_params=lambda key: judge_model.init(key, jnp.zeros((1, length), jnp.int32))[
+                "params"
+            ],
+            make_state=lambda params: init_state(params, tx, config.seed),
+            build=build_judge,
+            evaluate=judge_lib.make_judge_eval(
+                config, judge_model, val_windows, corpus.train, log_uni, kinds, config.seed
+            ),
+            tokens_per_step=int(2 * j.batch_size * length),
+            num_steps=int(j.num_steps),
+            vocab=vocab,
+        )
+
+    m = config.model
+    generator = Encoder(
+        vocab_size=v + 1,
+        out_size=v,
+        num_layers=m.num_layers,
+        num_heads=m.num_heads,
+        d_model=m.d_model,
+        mlp_ratio=m.mlp_ratio,
+        max_len=length,
+        head="tokens",
+    )
+    use_judge = mode == "train" or bool(j.checkpoint)  # eval: judge metrics when one is given
+    judge_params = judge_lib.load_judge(config, judge_model, v) if use_judge else None
+    b = config.train.batch_size
+
+    def masked_input(windows, span):
+        return jnp.where(span > 0, mask_id, windows).astype(jnp.int32)
+
+    def policy_logits(params, prompts):
+        masked, _ = prompts
+        return generator.apply({"params": params}, masked)  # [B, L, V]
+
+    def sample_prompts(key, tokens):
+        k_win, k_span = jax.random.split(key)
+        windows = judge_lib.random_windows(k_win, tokens, b, length)
+        span = judge_lib.random_spans(k_span, b, length, d.span_min, d.span_max)
+        return (masked_input(windows, span), windows), span
+
+    def judge_reward(params, filled):
+        logit = judge_model.apply({"params": params}, filled)  # > 0: judged real
+        return jax.nn.sigmoid(logit) if j.reward == "prob" else logit
+
+    def reward_fn(params, tokens_data, prompts, tokens, span):
+        _, windows = prompts
+        bb, g, _ = tokens.shape
+        filled = jnp.where(span[:, None] > 0, tokens, windows[:, None])  # [B, G, L]
+        r = judge_reward(params, filled.reshape(bb * g, length)).reshape(bb, g)
+        hit = (tokens == windows[:, None]).astype(jnp.float32)
+        sm = jnp.broadcast_to(span[:, None], tokens.shape)
+        return r, {"sample_fill_accuracy": jnp.sum(hit * sm) / jnp.maximum(sm.sum(), 1.0)}
+
+    # held-out: fixed val windows and spans
+    ev_span = judge_lib.random_spans(
+        jax.random.PRNGKey(config.seed + 104729), len(val_windows), length, d.span_min, d.span_max
+    )
+    ev_win = jnp.asarray(val_windows)
+    ev_in = masked_input(ev_win, ev_span)
+    pass_k = tuple(int(k) for k in config.eval.pass_k)
+
+    @jax.jit
+    def eval_core(params, jparams):
+        logits = generator.apply({"params": params}, ev_in)
+        logp = jax.nn.log_softmax(logits, -1)
+        greedy = jnp.argmax(logits, -1)
+        filled = jnp.where(ev_span > 0, greedy, ev_win)
+        lp_orig = jnp.take_along_axis(logp, ev_win[..., None], -1)[..., 0]  # [N, L]
+        n_masked = ev_span.sum()
+        out = {
+            "eval/fill_accuracy": jnp.sum((greedy == ev_win) * ev_span) / n_masked,
+            "eval/sampled_fill_accuracy": jnp.sum(jnp.exp(lp_orig) * ev_span) / n_masked,
+            "filled": filled,
+        }
+        p_span = jnp.exp(jnp.sum(lp_orig * ev_span, -1))  # P(one sample restores the span)
+        for k in pass_k:
+            out[f"eval/pass@{k}"] = jnp.mean(1.0 - (1.0 - p_span) ** k)
+        if jparams is not None:
+            out["eval/judge_reward"] = judge_reward(jparams, filled).mean()
+            out["eval/judge_reward_original"] = judge_reward(jparams, ev_win).mean()
+        return out
+
+    def evaluate(params):
+        res = jax.device_get(eval_core(params, judge_params))
+        filled = res.pop("filled")
+        scalars = {k: float(x) for k, x in res.items()}
+        lines = []
+        for i in range(min(config.eval.num_samples, len(filled))):
+            lines.append(f"--- masked  : {vocab.decode(np.asarray(ev_in[i]))!r}")
+            lines.append(f"    filled  : {vocab.decode(filled[i])!r}")
+            lines.append(f"    original: {vocab.decode(val_windows[i])!r}")
+        return scalars, {"samples": "\n".join(lines), "best_char": ""}
+
+    tx, schedule = make_optimizer(config.optim, config.train.num_steps)
+
+    def build(initial_params, mesh=None):  # single-device task: mesh is unused
+        step = single_step.make_step(config, policy_logits, sample_prompts, reward_fn, tx, schedule)
+        # copies: the trainer donates the state, whose params start as these very buffers
+        ref = jax.tree.map(jnp.copy, initial_params) if config.grpo.beta > 0 else None
+        logging.info("fill-in: judge from %s, reference = initial generator", j.checkpoint)
+        return step, single_step.Inputs(train_tokens, ref, judge_params)
+
+    return Task(
+        init_params=lambda key: generator.init(key, jnp.zeros((1, length), jnp.int32))["params"],
+        make_state=lambda params: init_state(params, tx, config.seed),
+        build=build,
+        evaluate=evaluate,
+        tokens_per_step=int(b * config.group.size * (d.span_min + d.span_max) / 2),
+        num_steps=int(config.train.num_steps),
+        vocab=vocab,
+    )

@@ -1,0 +1,315 @@
+"""Devices: the mesh, the shardings of the state and the batch, and the member shard_map.
+
+This is the only module that names devices. Everything else is written for one device and
+runs unchanged on a mesh ``("data", "vocab")`` built from ``config.mesh``:
+
+* ``data``: the prompts of a step (``train.batch_size``, global) are split over it. The step
+  samples its windows on device from the replicated corpus and constrains them to
+  ``P("data")``, so each device (and each host) only gathers and rolls out its own prompts.
+* ``vocab``: the members of every group (the K axis of ``first_tokens [B, K]`` and of the
+  uniforms ``u [B, K, H]``: all V forced first actions, a guide's candidates, or G sampled
+  members) are split over it by ``jax.shard_map`` around the rollout, the expensive part.
+  K is padded to a multiple of the axis size with dummy members whose outputs are dropped
+  before anything uses them, so any V (65 is prime to 2, 4, 8) works.
+* parameters and optimizer state are replicated (default) or, with ``mesh.shard_params``,
+  sharded FSDP-style over ``data`` (each >= 2-D leaf along its largest divisible axis).
+
+Everything outside the rollout's shard_map (prefill, rewards, the group statistics over K
+such as advantages, the all-action baseline, the exact KL and entropy at the decision point,
+the loss, the gradients and the optimizer update) stays one ``jit`` program with sharding
+annotations, partitioned by XLA (GSPMD/Shardy). It inserts the cross-device reductions
+(the all-reduce of the gradients over ``data``, the reductions over K across ``vocab``)
+itself, so the same program computes the same numbers on every mesh, up to float summation
+order (the tests check 1e-5). No hand-written psum/pmean is needed, and none is used.
+
+Randomness does not depend on the mesh: every uniform is drawn once per (prompt, member,
+step) from the step key with the partitionable threefry PRNG (``jax_threefry_partitionable``,
+on by default in this jax and asserted in ``make_mesh``), whose values do not depend on how
+the output is sharded.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from absl import logging
+from jax.sharding import AxisType, Mesh, NamedSharding
+from jax.sharding import PartitionSpec as P
+
+AXES = ("data", "vocab")
+
+
+def _axis_size(value, name: str) -> int:
+    value = int(value)
+    if value == 0 or value < -1:
+        raise ValueError(f"mesh.{name}={value} must be a positive device count or -1 (the rest)")
+    return value
+
+
+def mesh_shape(mesh_cfg, num_devices: int) -> tuple[int, int]:
+    """(data, vocab) sizes from ``config.mesh`` for ``num_devices``; -1 = all remaining."""
+    data = _axis_size(mesh_cfg.get("data", -1) if mesh_cfg is not None else -1, "data")
+    vocab = _axis_size(mesh_cfg.get("vocab", 1) if mesh_cfg is not None else 1, "vocab")
+    if data == -1 and vocab == -1:
+        raise ValueError("mesh.data and mesh.vocab cannot both be -1; set one of them")
+    fixed = data if vocab == -1 else vocab
+    if vocab == -1 or data == -1:
+        if num_devices % fixed:
+            raise ValueError(
+                f"mesh.data={data} x mesh.vocab={vocab} does not divide the {num_devices} "
+                "devices; choose axis sizes whose product divides the device count"
+            )
+        rest = num_devices // fixed
+        data, vocab = (rest, vocab) if data == -1 else (data, rest)
+    if num_devices % (data * vocab):
+        raise ValueError(
+            f"mesh.data={data} x mesh.vocab={vocab} = {data * vocab} does not divide the "
+            f"{num_devices} devices; choose axis sizes whose product divides the device count"
+        )
+    return data, vocab
+
+
+def make_mesh(mesh_cfg=None, devices=None) -> Mesh:
+    """A ("data", "vocab") mesh sized by ``config.mesh`` (default: every device on data).
+
+    When the product of the sizes is smaller than the device count (e.g. data=1, vocab=1 on
+    8 devices), the mesh uses the first devices only; that is refused on several hosts,
+    where every process must own part of the mesh."""
+    if not jax.config.jax_threefry_partitionable:
+        raise ValueError(
+            "jax_threefry_partitionable is off: random draws would depend on the mesh; "
+            "enable it (jax.config.update('jax_threefry_partitionable', True))"
+        )
+    devices = list(jax.devices() if devices is None else devices)
+    data, vocab = mesh_shape(mesh_cfg, len(devices))
+    n = data * vocab
+    if n < len(devices):
+        if jax.process_count() > 1:
+            raise ValueError(
+                f"mesh.data={data} x mesh.vocab={vocab} = {n} uses fewer than the "
+                f"{len(devices)} devices of a {jax.process_count()}-process run; use them all"
+            )
+        logging.warning(
+            "mesh (data=%d, vocab=%d) uses %d of %d devices", data, vocab, n, len(devices)
+        )
+        devices = devices[:n]
+    try:  # topology-aware order on TPU/GPU; plain order elsewhere
+        from jax.experimental import mesh_utils
+
+        grid = mesh_utils.create_device_mesh((data, vocab), devices=devices)
+    except Exception:
+        grid = np.asarray(devices, dtype=object).reshape(data, vocab)
+    return Mesh(grid, AXES, axis_types=(AxisType.Auto, AxisType.Auto))
+
+
+def describe(mesh: Mesh) -> str:
+    return f"mesh(data={mesh.shape['data']}, vocab={mesh.shape['vocab']})"
+
+
+def check_batch(batch_size: int, mesh: Mesh, what: str = "train.batch_size") -> None:
+    """The global batch must split evenly over the data axis."""
+    d = mesh.shape["data"]
+    if batch_size % d:
+        raise ValueError(
+            f"{what}={batch_size} is not divisible by the mesh's data axis ({d} devices); "
+            f"use a multiple of {d} or set --config.mesh.data"
+        )
+
+
+def replicated(mesh: Mesh) -> NamedSharding:
+    return NamedSharding(mesh, P())
+
+
+def batch_sharding(mesh: Mesh) -> NamedSharding:
+    """Leading (prompt) axis over ``data``."""
+    return NamedSharding(mesh, P("data"))
+
+
+def fsdp_spec(shape, data_size: int) -> P:
+    """Shard the largest axis divisible by ``data_size`` of a >= 2-D leaf; else replicate."""
+    if data_size <= 1 or len(shape) < 2:
+        return P()
+    order = sorted(range(len(shape)), key=lambda i: (-shape[i], i))
+    for i in order:
+        if shape[i] % data_size == 0:
+            return P(*([None] * i + ["data"]))
+    return P()
+
+
+def state_shardings(mesh: Mesh, tree: Any, shard_params: bool = False) -> Any:
+    """NamedSharding per leaf of ``tree`` (a TrainState, params, ...): replicated, or
+    FSDP-style over ``data`` when ``shard_params`` (optimizer moments follow their params
+    because they have the same shapes; scalars and the rng stay replicated)."""
+    d = mesh.shape["data"]
+
+    def one(x):
+        spec = fsdp_spec(np.shape(x), d) if shard_params else P()
+        return NamedSharding(mesh, spec)
+
+    return jax.tree.map(one, tree)
+
+
+def put(tree: Any, shardings: Any) -> Any:
+    """Places host or device values onto ``shardings`` (a matching tree or one sharding).
+
+    Single process: ``jax.device_put``. Several processes: every process holds the same
+    full value (same seed, same corpus) and contributes the shards its devices own."""
+    if jax.process_count() == 1:
+        return jax.device_put(tree, shardings)
+    if isinstance(shardings, jax.sharding.Sharding):
+        shardings = jax.tree.map(lambda _: shardings, tree)
+
+    def one(x, s):
+        x = np.asarray(x)
+        return jax.make_array_from_callback(x.shape, s, lambda idx: x[idx])
+
+    return jax.tree.map(one, tree, shardings)
+
+
+def make_member_map(mesh: Mesh):
+    """``member_map(fn, first_tokens [B, K], u [B, K, H])`` for rollout.rollout_from_prefix:
+    runs ``fn`` on each device's slice of the K members with ``jax.shard_map`` over
+    ``vocab`` (``data`` stays automatic, so the prompts remain split as the caller has them).
+
+    ``fn`` closes over the params and the prompt's prefix cache; inside the shard_map they
+    are whole along ``vocab`` (every member of a prompt needs the same prefix), which is
+    what a closed-over value is. K is padded to a multiple of the axis size with member 0's
+    token and zero uniforms; the padded members' outputs are sliced off before returning."""
+    nv = mesh.shape["vocab"]
+
+    def member_map(fn, first_tokens, u):
+        k = first_tokens.shape[1]
+        pad = -k % nv
+        if pad:
+            first_tokens = jnp.pad(first_tokens, ((0, 0), (0, pad)))
+            u = jnp.pad(u, ((0, 0), (0, pad), (0, 0)))
+        # closed-over params / prefix cache become explicit inputs, whole along vocab
+        local = lambda x: jax.ShapeDtypeStruct((x.shape[0], x.shape[1] // nv, *x.shape[2:]), x.dtype)
+        body, consts = jax.closure_convert(fn, local(first_tokens), local(u))
+        out = jax.shard_map(
+            body,
+            mesh=mesh,
+            in_specs=(P(None, "vocab"), P(None, "vocab", None)) + (P(),) * len(consts),
+            out_specs=P(None, "vocab"),
+            axis_names=frozenset({"vocab"}),
+            # the rollout's scan starts from a zeroed (device-invariant) cache and ends with
+            # a per-device one; vma typing would demand pcasts inside rollout.py. The outputs
+            # are per-member, exactly what out_specs says, so the check adds nothing here.
+            check_vma=False,
+        )(first_tokens, u, *consts)
+        return jax.tree.map(lambda x: x[:, :k], out) if pad else out
+
+    return member_map
+
+
+class StepHooks(NamedTuple):
+    """What task.build threads into the step for a mesh (all None without one)."""
+
+    member_map: Any  # for groups.make_collect
+    shard_batch: Any  # tree -> tree with the prompt axis constrained to P("data")
+
+
+def step_hooks(mesh: Mesh | None) -> StepHooks:
+    if mesh is None:
+        return StepHooks(None, None)
+    bs = batch_sharding(mesh)
+
+    def shard_batch(tree):
+        return jax.tree.map(lambda x: jax.lax.with_sharding_constraint(x, bs), tree)
+
+    return StepHooks(make_member_map(mesh), shard_batch)
+
+
+def jit_step(step_fn, mesh: Mesh, state, inputs, shard_params: bool = False, wrap=None):
+    """Places ``state`` (replicated or FSDP) and ``inputs`` (replicated) on ``mesh`` and jits
+    ``step_fn(state, inputs) -> (state, metrics)`` with those in/out shardings, the state
+    donated and the metrics replicated. Returns (jitted step, state, inputs, state shardings).
+
+    ``wrap`` (e.g. the trainer's trace_once) wraps ``step_fn`` before jit."""
+    state_sh = state_shardings(mesh, state, shard_params)
+    rep = replicated(mesh)
+    inputs_sh = jax.tree.map(lambda _: rep, inputs)
+    state = put(state, state_sh)
+    inputs = put(inputs, inputs_sh)
+    jstep = jax.jit(
+        wrap(step_fn) if wrap else step_fn,
+        in_shardings=(state_sh, inputs_sh),
+        out_shardings=(state_sh, rep),
+        donate_argnums=0,
+    )
+    return jstep, state, inputs, state_sh
+
+
+def per_device_work(config, mesh: Mesh, members_per_prompt: float) -> dict:
+    """Prompts and group members each device rolls out per step (for benchmarks/logs)."""
+    d, v = mesh.shape["data"], mesh.shape["vocab"]
+    b = config.train.batch_size
+    members = members_per_prompt
+    padded = math.ceil(members / v) * v if float(members).is_integer() else members
+    return {
+        "mesh_data": d,
+        "mesh_vocab": v,
+        "global_batch": b,
+        "prompts_per_device": b / d,
+        "members_per_prompt": members,
+        "members_per_prompt_per_device": padded / v,
+        "rollouts_per_device": b / d * padded / v,
+    }
+
+
+# ----------------------------------------------------------------------------- seeds
+
+
+def stack_states(states) -> Any:
+    """[state_0, ..., state_{N-1}] -> one state with a leading seed axis on every leaf."""
+    return jax.tree.map(lambda *xs: jnp.stack(xs), *states)
+
+
+def unstack_state(state, i: int) -> Any:
+    return jax.tree.map(lambda x: x[i], state)
+
+
+def seed_states(make_state, params, seeds, init_params=None) -> Any:
+    """N TrainStates stacked on a leading axis: ``rng`` from each seed (``make_state``
+    builds a state from params, e.g. ``task.make_state``); the same params for every seed,
+    or ``init_params(PRNGKey(seed))`` per seed when given."""
+    states = []
+    for s in seeds:
+        p = params if init_params is None else init_params(jax.random.PRNGKey(s))
+        states.append(make_state(p)._replace(rng=jax.random.PRNGKey(s)))
+    return stack_states(states)
+
+
+def make_multi_seed_step(step_fn):
+    """purejaxrl-style: the whole train step vmapped over a leading seed axis of the state
+    (different rng, optionally different params); the inputs (corpus, reference) are shared.
+    ``jax.jit(make_multi_seed_step(step), donate_argnums=0)`` trains N seeds in one program;
+    metrics come back with a leading seed axis."""
+    return jax.vmap(step_fn, in_axes=(0, None))
+
+
+__all__ = [
+    "AXES",
+    "StepHooks",
+    "batch_sharding",
+    "check_batch",
+    "describe",
+    "fsdp_spec",
+    "jit_step",
+    "make_member_map",
+    "make_mesh",
+    "make_multi_seed_step",
+    "mesh_shape",
+    "per_device_work",
+    "put",
+    "replicated",
+    "seed_states",
+    "stack_states",
+    "state_shardings",
+    "step_hooks",
+    "unstack_state",
+]

@@ -1,0 +1,165 @@
+"""Multi-device checks for tests/test_sharding.py, run in a subprocess with 8 fake CPU devices.
+
+  XLA_FLAGS=--xla_force_host_platform_device_count=8 GRPO_JAX_DATA=... \
+      python tests/_sharding_check.py equivalence sampled
+
+Prints one JSON object as its last line. The 8 devices must be requested before jax
+initialises its backend, hence a separate process (pytest's own process keeps 1 device).
+"""
+
+import json
+import shutil
+import sys
+from pathlib import Path
+
+import jax
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from grpo_jax import sharding, trainer
+from grpo_jax import task as task_lib
+
+ROOT = Path(__file__).resolve().parents[1]
+# (data, vocab, shard_params); None = the plain single-device path (no mesh at all)
+MESHES = (None, (8, 1, False), (2, 4, False), (1, 8, False))
+
+
+def tiny_config(mode: str, **overrides):
+    sys.path.insert(0, str(ROOT / "configs"))
+    import shakespeare  # configs/shakespeare.py
+
+    c = shakespeare.get_config(f"{mode},tiny")
+    c.train.batch_size = 8
+    c.logging.tensorboard = False
+    c.eval.num_windows = 8
+    for k, v in overrides.items():
+        node = c
+        *path, last = k.split(".")
+        for p in path:
+            node = node[p]
+        node[last] = v
+    return c
+
+
+def _mesh_cfg(data, vocab):
+    from ml_collections import config_dict
+
+    return config_dict.ConfigDict({"data": data, "vocab": vocab, "shard_params": False})
+
+
+def run_mesh(config, task, params0, spec, steps):
+    """`steps` jitted steps on one mesh; returns (metrics per step, final params, traces)."""
+    host_params = jax.tree.map(np.array, params0)  # fresh buffers: the state is donated
+    traces = [0]
+
+    def count(fn):
+        def wrapped(*a):
+            traces[0] += 1
+            return fn(*a)
+
+        return wrapped
+
+    if spec is None:
+        step_fn, inputs = task.build(host_params)
+        state = task.make_state(jax.tree.map(jax.numpy.asarray, host_params))
+        jstep = jax.jit(count(step_fn), donate_argnums=0)
+    else:
+        data, vocab, fsdp = spec
+        mesh = sharding.make_mesh(_mesh_cfg(data, vocab))
+        sharding.check_batch(config.train.batch_size, mesh)
+        step_fn, inputs = task.build(host_params, mesh)
+        state = task.make_state(host_params)
+        jstep, state, inputs, _ = sharding.jit_step(step_fn, mesh, state, inputs, fsdp, count)
+    ms = []
+    for _ in range(steps):
+        state, m = jstep(state, inputs)
+        ms.append({k: float(v) for k, v in jax.device_get(m).items() if np.ndim(v) == 0})
+    params = jax.tree.map(np.asarray, jax.device_get(state.params))
+    return ms, params, traces[0], jstep._cache_size()
+
+
+def param_diff(a, b):
+    """Max |a - b| over the parameters, and separately over the attention key biases.
+
+    A key bias adds q.b_k to every score of a query, which softmax ignores: its gradient
+    is exactly 0 in exact arithmetic and float rounding noise (~1e-10) in practice, which
+    Adam normalises into lr-sized steps of arbitrary sign. Those steps differ with the
+    summation order (hence with the mesh) and leave the model's function unchanged, so
+    they are reported apart and not held to the tolerance."""
+    flat_a = jax.tree_util.tree_flatten_with_path(a)[0]
+    worst, key_bias = 0.0, 0.0
+    for (path, x), y in zip(flat_a, jax.tree.leaves(b), strict=True):
+        d = np.abs(np.asarray(x) - np.asarray(y))
+        if jax.tree_util.keystr(path).endswith("['qkv']['bias']"):
+            third = d.shape[-1] // 3
+            key_bias = max(key_bias, float(d[third : 2 * third].max()))
+            d = np.concatenate([d[:third], d[2 * third :]])
+        worst = max(worst, float(d.max()))
+    return worst, key_bias
+
+
+def equivalence(mode: str, steps: int = 3):
+    config = tiny_config(mode)
+    task = task_lib.build_task(config, "train")
+    params0 = trainer.initial_params(config, task)
+    base_m, base_p, _, _ = run_mesh(config, task, params0, None, steps)
+    out = {"mode": mode, "num_devices": jax.device_count(), "meshes": {}}
+    for spec in MESHES[1:]:
+        ms, ps, traces, cache = run_mesh(config, task, params0, spec, steps)
+        dm = max(abs(a[k] - b[k]) for a, b in zip(ms, base_m, strict=True) for k in b)
+        same_keys = all(set(a) == set(b) for a, b in zip(ms, base_m, strict=True))
+        dp, dkb = param_diff(ps, base_p)
+        out["meshes"][str(spec)] = {
+            "max_metric_diff": dm,
+            "max_param_diff": dp,
+            "key_bias_diff": dkb,
+            "same_metric_keys": same_keys,
+            "losses": [m["loss"] for m in ms],
+            "traces": traces,
+            "cache_size": cache,
+        }
+    out["base_losses"] = [m["loss"] for m in base_m]
+    return out
+
+
+def equivalence_all(*modes):
+    return {m: equivalence(m) for m in (modes or ("sampled", "exhaustive"))}
+
+
+def _losses(workdir):
+    text = (Path(workdir) / "metrics.jsonl").read_text()
+    rows = [json.loads(line) for line in text.split("\n") if line]
+    return {r["step"]: r["loss"] for r in rows if "loss" in r}
+
+
+def resume(source: str, tmp: str, mode: str = "exhaustive"):
+    """Resume ``source``'s step-2 checkpoint (written on any mesh) to step 4 on a single
+    device and on (data=8) with FSDP-sharded state; returns the losses and where the state
+    lives. The config matches the entry-point runs of test_sharding.py."""
+    from absl import logging
+
+    logging.set_verbosity(logging.WARNING)
+    out = {}
+    for name, (d, v, fsdp) in {"single": (1, 1, False), "data8": (8, 1, True)}.items():
+        wd = Path(tmp) / name
+        (wd / "checkpoints").mkdir(parents=True)
+        shutil.copytree(Path(source) / "checkpoints" / "2", wd / "checkpoints" / "2")
+        c = tiny_config(mode, **{"train.num_steps": 4, "train.checkpoint_every": 2})
+        c.train.eval_every = 100
+        c.mesh.data, c.mesh.vocab, c.mesh.shard_params = d, v, fsdp
+        state, _ = trainer.train_and_evaluate(c, str(wd))
+        leaf = state.params["embed"]["embedding"]
+        out[name] = {
+            "losses": _losses(wd),
+            "devices": len(leaf.sharding.device_set),
+            "spec": str(leaf.sharding.spec),
+        }
+    return out
+
+
+if __name__ == "__main__":
+    what = sys.argv[1]
+    args = sys.argv[2:]
+    result = {"equivalence": equivalence_all, "resume": resume}[what](*args)
+    print(json.dumps(result))

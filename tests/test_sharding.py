@@ -1,0 +1,207 @@
+"""Meshes, shardings, the member shard_map, checkpoints across meshes, and seeds in parallel.
+
+The multi-device checks run in subprocesses with 8 fake CPU devices
+(``XLA_FLAGS=--xla_force_host_platform_device_count=8`` must be set before jax starts);
+pytest's own process keeps its single device for the mesh-free unit tests and the vmapped
+seeds. The subprocesses share a persistent compilation cache, so a program that two of
+them build (the (data=1, vocab=1) step of the entry-point run and of its resumed copy) is
+compiled once.
+"""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import jax
+import numpy as np
+import pytest
+from ml_collections import config_dict
+
+from grpo_jax import sharding
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _sharding_check import param_diff
+
+ROOT = Path(__file__).resolve().parents[1]
+CHECK = ROOT / "tests" / "_sharding_check.py"
+TOL = 1e-5
+
+
+# ------------------------------------------------------------------- mesh-free units
+
+
+def mesh_cfg(data=-1, vocab=1):
+    return config_dict.ConfigDict({"data": data, "vocab": vocab, "shard_params": False})
+
+
+def test_mesh_shape():
+    assert sharding.mesh_shape(mesh_cfg(), 8) == (8, 1)
+    assert sharding.mesh_shape(mesh_cfg(2, 4), 8) == (2, 4)
+    assert sharding.mesh_shape(mesh_cfg(-1, 4), 8) == (2, 4)
+    assert sharding.mesh_shape(mesh_cfg(2, -1), 8) == (2, 4)
+    assert sharding.mesh_shape(mesh_cfg(1, 1), 8) == (1, 1)
+    assert sharding.mesh_shape(None, 4) == (4, 1)
+    for bad in (mesh_cfg(3, 1), mesh_cfg(-1, 3), mesh_cfg(4, 4), mesh_cfg(0, 1), mesh_cfg(-1, -1)):
+        with pytest.raises(ValueError) as err:
+            sharding.mesh_shape(bad, 8)
+        assert "\n" not in str(err.value) and "mesh." in str(err.value)
+
+
+def test_single_device_mesh_and_batch_check():
+    assert jax.config.jax_threefry_partitionable
+    mesh = sharding.make_mesh(mesh_cfg())
+    assert dict(mesh.shape) == {"data": jax.device_count(), "vocab": 1}
+    sharding.check_batch(8, mesh)
+    fake = type("M", (), {"shape": {"data": 4, "vocab": 2}})()
+    with pytest.raises(ValueError, match=r"train.batch_size=6 is not divisible by .* \(4 dev"):
+        sharding.check_batch(6, fake)
+
+
+def test_fsdp_spec():
+    P = jax.sharding.PartitionSpec
+    assert sharding.fsdp_spec((32, 96), 4) == P(None, "data")  # largest divisible axis
+    assert sharding.fsdp_spec((65, 32), 4) == P(None, "data")  # 65 does not divide
+    assert sharding.fsdp_spec((65, 33), 4) == P()  # nothing divides: replicated
+    assert sharding.fsdp_spec((128,), 4) == P()  # 1-D leaves stay replicated
+    assert sharding.fsdp_spec((32, 96), 1) == P()
+
+
+# ------------------------------------------------------------ 8 fake CPU devices
+
+
+def _env(tmp_cache):
+    env = dict(os.environ)
+    env["XLA_FLAGS"] = (
+        env.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8"
+        # CPU codegen effort only: every run of a comparison uses the same flags
+        " --xla_backend_optimization_level=0"
+    ).strip()
+    env["JAX_PLATFORMS"] = "cpu"
+    env["JAX_COMPILATION_CACHE_DIR"] = str(tmp_cache)
+    env["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = "0"
+    env["JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES"] = "0"
+    env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
+    return env
+
+
+def _run(args, env, timeout=600):
+    proc = subprocess.run(
+        [sys.executable, *map(str, args)],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    return proc
+
+
+@pytest.fixture(scope="module")
+def env8(tmp_path_factory, shakespeare_path):
+    env = _env(tmp_path_factory.mktemp("xla_cache"))
+    env["GRPO_JAX_DATA"] = str(shakespeare_path)
+    return env
+
+
+@pytest.fixture(scope="module")
+def equivalence(env8):
+    """3 steps of sampled and exhaustive groups (batch 8) on the plain single-device path
+    and on the meshes (data=8), (data=2, vocab=4), (vocab=8)."""
+    proc = _run([CHECK, "equivalence", "sampled", "exhaustive"], env8)
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.parametrize("mode", ["sampled", "exhaustive"])
+def test_meshes_give_the_same_step(equivalence, mode):
+    res = equivalence[mode]
+    assert res["num_devices"] == 8
+    assert set(res["meshes"]) == {"(8, 1, False)", "(2, 4, False)", "(1, 8, False)"}
+    for name, m in res["meshes"].items():
+        assert m["same_metric_keys"], name
+        assert m["max_metric_diff"] < TOL, (name, m)  # loss and every scalar metric
+        assert m["max_param_diff"] < TOL, (name, m)
+        assert m["traces"] == 1 and m["cache_size"] == 1, (name, m)  # compiled once per mesh
+
+
+def _losses(workdir):
+    rows = [json.loads(x) for x in (workdir / "metrics.jsonl").read_text().splitlines() if x]
+    return {r["step"]: r["loss"] for r in rows if "loss" in r}
+
+
+def test_entry_point_meshes_and_checkpoint_across_meshes(env8, tmp_path):
+    """main.py on (data=2, vocab=4) logs the same losses as on (data=1, vocab=1); its step-2
+    checkpoint resumes on a single device and on (data=8, FSDP) with the same losses."""
+    common = [
+        "-m",
+        "grpo_jax.main",
+        "--config=configs/shakespeare.py:tiny",
+        "--config.train.batch_size=8",
+        "--config.train.num_steps=4",
+        "--config.train.checkpoint_every=2",
+        "--config.train.eval_every=100",
+        "--config.eval.num_windows=8",
+        "--config.logging.tensorboard=False",
+    ]
+    wd = {name: tmp_path / name for name in ("mesh24", "mesh11")}
+    _run(
+        [*common, "--config.mesh.data=2", "--config.mesh.vocab=4", f"--workdir={wd['mesh24']}"],
+        env8,
+    )
+    _run(
+        [*common, "--config.mesh.data=1", "--config.mesh.vocab=1", f"--workdir={wd['mesh11']}"],
+        env8,
+    )
+    ref, single = _losses(wd["mesh24"]), _losses(wd["mesh11"])
+    assert sorted(ref) == [1, 2, 3, 4] and sorted(single) == [1, 2, 3, 4]
+    np.testing.assert_allclose([single[s] for s in ref], [ref[s] for s in ref], atol=TOL)
+
+    proc = _run([CHECK, "resume", wd["mesh24"], tmp_path / "resume"], env8)
+    res = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert res["single"]["devices"] == 1
+    assert res["data8"]["devices"] == 8 and "data" in res["data8"]["spec"]  # FSDP over data
+    for name in ("single", "data8"):
+        got = res[name]["losses"]  # JSON: step keys are strings
+        assert sorted(got) == ["3", "4"], (name, got)  # resumed at step 2
+        np.testing.assert_allclose([got["3"], got["4"]], [ref[3], ref[4]], atol=TOL, err_msg=name)
+
+
+# --------------------------------------------------------------- seeds in parallel
+
+
+def test_vmapped_seeds_equal_separate_runs(shakespeare_path, monkeypatch):
+    monkeypatch.setenv("GRPO_JAX_DATA", str(shakespeare_path))
+    sys.path.insert(0, str(ROOT / "configs"))
+    import shakespeare
+
+    from grpo_jax import task as task_lib
+    from grpo_jax import trainer
+
+    config = shakespeare.get_config("sampled,tiny")
+    task = task_lib.build_task(config, "train")
+    params0 = trainer.initial_params(config, task)
+    step_fn, inputs = task.build(params0)
+    seeds = (0, 1, 2)
+    # different rng per seed, and different initial params too
+    stacked = sharding.seed_states(task.make_state, params0, seeds, init_params=task.init_params)
+    multi = jax.jit(sharding.make_multi_seed_step(step_fn), donate_argnums=0)
+    single = jax.jit(step_fn)
+    separate = [sharding.unstack_state(stacked, i) for i in range(len(seeds))]
+    metrics_multi, metrics_sep = [], [[] for _ in seeds]
+    for _ in range(2):
+        stacked, m = multi(stacked, inputs)
+        metrics_multi.append(jax.device_get(m))
+        for i in range(len(seeds)):
+            separate[i], mi = single(separate[i], inputs)
+            metrics_sep[i].append(jax.device_get(mi))
+    for i in range(len(seeds)):
+        # params and optimizer moments; attention key biases apart (see param_diff)
+        worst, _ = param_diff(jax.device_get(sharding.unstack_state(stacked, i)), separate[i])
+        assert worst < TOL, (i, worst)
+        for t in range(2):
+            for k, v in metrics_sep[i][t].items():
+                np.testing.assert_allclose(metrics_multi[t][k][i], v, atol=TOL, err_msg=k)
+    # the seeds really differ
+    assert metrics_multi[0]["loss"][0] != metrics_multi[0]["loss"][1]
