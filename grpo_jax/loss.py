@@ -151,7 +151,12 @@ def make_loss(config, model, has_reference: bool):
         metrics, logps = {}, []
         for part, old, forced in zip(parts, old_logps, forced_flags, strict=True):
             pg, kl, ent, w, m, logp = part_loss(params, part, old, first_iter, forced)
-            total = total + w * (pg + beta * kl - gr.entropy_coef * ent)
+            # a zero coefficient still costs a backward pass through the term: detach it
+            kl_term = beta * kl if beta else jax.lax.stop_gradient(kl) * 0.0
+            ent_term = (
+                gr.entropy_coef * ent if gr.entropy_coef else jax.lax.stop_gradient(ent) * 0.0
+            )
+            total = total + w * (pg + kl_term - ent_term)
             pg_t, kl_t, ent_t = pg_t + w * pg, kl_t + w * kl, ent_t + w * ent
             for name, val in m.items():
                 metrics[name] = metrics.get(name, 0.0) + w * val

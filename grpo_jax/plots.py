@@ -10,25 +10,31 @@ import matplotlib.pyplot as plt
 import numpy as np
 
 
-def char_heatmap(stats_path, out_path, key="reward"):
-    """Per-first-char mean return (or best-count share) over training, from char_stats.jsonl."""
+def char_heatmap(stats_path, out_path):
+    """Per first char, over training: mean return of forcing it (left) and how often it is
+    the group's best (right), from an exhaustive run's char_stats.jsonl."""
     rows = [json.loads(line) for line in open(stats_path) if line.strip()]
     if not rows:
         return None
     chars = rows[0]["chars"]
-    grid = np.array([r[key] for r in rows])  # [T, V]
-    fig, ax = plt.subplots(figsize=(12, 4))
-    im = ax.imshow(grid.T, aspect="auto", cmap="viridis", interpolation="nearest")
-    ax.set_yticks(range(len(chars)))
-    ax.set_yticklabels([repr(ch)[1:-1] for ch in chars], fontsize=5)
-    ax.set_xticks(range(len(rows)))
-    ax.set_xticklabels([r["step"] for r in rows], fontsize=6, rotation=90)
-    ax.set_xlabel("step")
-    ax.set_ylabel("first char")
-    ax.set_title(f"exhaustive group: per-first-char {key}")
-    fig.colorbar(im, ax=ax)
+    labels = [repr(ch)[1:-1] for ch in chars]
+    steps = [r["step"] for r in rows]
+    fig, axes = plt.subplots(1, 2, figsize=(14, 11))
+    for ax, key, title in zip(
+        axes, ("reward", "best"), ("mean return", "share of groups where it is best"), strict=True
+    ):
+        grid = np.array([r[key] for r in rows]).T  # [V, T]
+        im = ax.imshow(grid, aspect="auto", cmap="viridis", interpolation="nearest")
+        ax.set_yticks(range(len(chars)))
+        ax.set_yticklabels(labels, fontsize=7, family="monospace")
+        ax.set_xticks(range(len(steps)))
+        ax.set_xticklabels(steps, fontsize=7, rotation=90)
+        ax.set_xlabel("step")
+        ax.set_title(f"first char: {title}")
+        fig.colorbar(im, ax=ax, fraction=0.04)
+    axes[0].set_ylabel("forced first char")
     fig.tight_layout()
-    fig.savefig(out_path, dpi=120)
+    fig.savefig(out_path, dpi=110)
     plt.close(fig)
     return out_path
 

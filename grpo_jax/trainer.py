@@ -80,8 +80,10 @@ def train_and_evaluate(config, workdir: str, mode: str = "train"):
     task = build_task(config, mode)
     params0 = initial_params(config, task)
     mesh = sharding.make_mesh(config.get("mesh"))  # once per run; see sharding.py
-    if mode != "pretrain":
+    if mode == "train":
         sharding.check_batch(config.train.batch_size, mesh)
+        if "group" in config:
+            sharding.check_group_mode(config.group.mode, mesh)
     step_fn, inputs = task.build(params0, mesh=mesh)
     # state replicated (or FSDP over data), inputs replicated; compiled once for this mesh
     jstep, state, inputs, _ = sharding.jit_step(
@@ -92,12 +94,16 @@ def train_and_evaluate(config, workdir: str, mode: str = "train"):
         bool(config.get("mesh", {}).get("shard_params", False)),
         wrap=trace_once,
     )
-    logging.info("%s over %d devices", sharding.describe(mesh), mesh.size)
     workdir = ckpt_lib.ensure_workdir(workdir)  # after the config checks: bad input makes no dir
     ckpt = ckpt_lib.Checkpointer(workdir / "checkpoints", keep=config.train.keep_checkpoints)
     if ckpt.latest_step() is not None:
-        state = ckpt.restore(state)  # onto the template's shardings: this run's mesh
+        try:
+            state = ckpt.restore(state)  # onto the template's shardings: this run's mesh
+        except Exception:
+            ckpt.close()  # no orbax threads left behind; the checkpoint itself is untouched
+            raise
         logging.info("resumed from %s at step %d", ckpt.directory, int(state.step))
+    logging.info("%s over %d devices", sharding.describe(mesh), mesh.size)
     ckpt_lib.save_config(workdir, config)
 
     writer = MetricWriter(
