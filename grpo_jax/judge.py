@@ -32,7 +32,7 @@ import orbax.checkpoint as ocp
 
 from grpo_jax import checkpoint as ckpt_lib
 from grpo_jax.encoder import SCORE_HEAD, Encoder
-from grpo_jax.train_step import TrainState
+from grpo_jax.train_step import TrainState, keep_if_finite
 
 CORRUPTIONS = ("random", "unigram", "swap")
 
@@ -121,9 +121,8 @@ def make_judge_step(config, model, tx, schedule, kinds, vocab_size):
         (loss, acc), grads = jax.value_and_grad(loss_fn, has_aux=True)(state.params, x, y)
         updates, opt_state = tx.update(grads, state.opt_state, state.params)
         finite = jnp.isfinite(loss)
-        keep = lambda new, old: jax.tree.map(lambda n, o: jnp.where(finite, n, o), new, old)
-        params = keep(optax.apply_updates(state.params, updates), state.params)
-        opt_state = keep(opt_state, state.opt_state)
+        params = keep_if_finite(finite, optax.apply_updates(state.params, updates), state.params)
+        opt_state = keep_if_finite(finite, opt_state, state.opt_state)
         metrics = {
             "loss": loss,
             "train_accuracy": acc,

@@ -6,7 +6,7 @@ import jax.numpy as jnp
 import optax
 
 from grpo_jax import data as data_lib
-from grpo_jax.train_step import StepInputs, TrainState
+from grpo_jax.train_step import StepInputs, TrainState, keep_if_finite
 
 
 def seq_len(config, max_len: int) -> int:
@@ -33,12 +33,8 @@ def make_pretrain_step(config, model, tx, schedule):
         (loss, acc), grads = jax.value_and_grad(loss_fn, has_aux=True)(state.params, x, y, k_drop)
         updates, opt_state = tx.update(grads, state.opt_state, state.params)
         finite = jnp.isfinite(loss)
-        params = jax.tree.map(
-            lambda n, o: jnp.where(finite, n, o),
-            optax.apply_updates(state.params, updates),
-            state.params,
-        )
-        opt_state = jax.tree.map(lambda n, o: jnp.where(finite, n, o), opt_state, state.opt_state)
+        params = keep_if_finite(finite, optax.apply_updates(state.params, updates), state.params)
+        opt_state = keep_if_finite(finite, opt_state, state.opt_state)
         metrics = {
             "loss": loss,
             "train_accuracy": acc,

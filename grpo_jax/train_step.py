@@ -51,6 +51,12 @@ def make_optimizer(optim_cfg, num_steps: int, peak_lr: float | None = None):
     return optax.chain(*chain), schedule
 
 
+def keep_if_finite(finite, new, old):
+    """``new`` where ``finite`` else ``old``, leaf by leaf: a non-finite loss must not poison
+    params or optimizer state (the host then stops, keeping the last good checkpoint)."""
+    return jax.tree.map(lambda n, o: jnp.where(finite, n, o), new, old)
+
+
 def init_state(params, tx, seed: int) -> TrainState:
     return TrainState(jnp.zeros((), jnp.int32), params, tx.init(params), jax.random.PRNGKey(seed))
 
@@ -132,8 +138,8 @@ def make_train_step(
         metrics = jax.tree.map(lambda x: x.mean(0), ms)
         # A non-finite loss must not poison the state: keep the old one, the host stops.
         finite = jnp.isfinite(metrics["loss"]) & jnp.isfinite(metrics["grad_norm"])
-        keep = lambda new, old: jax.tree.map(lambda n, o: jnp.where(finite, n, o), new, old)
-        params, opt_state = keep(params, state.params), keep(opt_state, state.opt_state)
+        params = keep_if_finite(finite, params, state.params)
+        opt_state = keep_if_finite(finite, opt_state, state.opt_state)
         metrics.update(group_metrics(parts, forced_flags, vocab_size))
         metrics.update(info)
         metrics["learning_rate"] = schedule(state.step)

@@ -82,7 +82,7 @@ def train_and_evaluate(config, workdir: str, mode: str = "train"):
     mesh = sharding.make_mesh(config.get("mesh"))  # once per run; see sharding.py
     if mode == "train":
         sharding.check_batch(config.train.batch_size, mesh)
-        if "group" in config:
+        if "mode" in config.get("group", {}):
             sharding.check_group_mode(config.group.mode, mesh)
     step_fn, inputs = task.build(params0, mesh=mesh)
     # state replicated (or FSDP over data), inputs replicated; compiled once for this mesh

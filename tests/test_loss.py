@@ -63,6 +63,7 @@ def test_uniform_estimator_gradient(setup):
     cfg = cfg.copy_and_resolve_references()
     cfg.group.train_continuations = False
     cfg.grpo.beta, cfg.grpo.exhaustive_estimator = 0.0, "uniform"
+    cfg.grpo.advantage_scale = "group"
     parts, has_ref = _parts(cfg, corpus, model, params)
     (part,) = parts
     loss_fn = make_loss(cfg, model, has_ref)
