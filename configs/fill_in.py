@@ -54,8 +54,13 @@ def get_config(arg=None):
     c.judge.d_model = 64  # residual width
     c.judge.corruptions = "random,unigram,swap"  # span corruptions of the negatives
     c.judge.batch_size = 32  # real windows per step (plus as many corrupted ones)
-    c.judge.num_steps = 1000  # --mode=train_judge steps
-    c.judge.learning_rate = 2e-3  # --mode=train_judge peak learning rate
+    c.judge.num_steps = 3000  # --mode=train_judge steps (~3 min on 2 CPU cores)
+    c.judge.learning_rate = 3e-3  # --mode=train_judge peak learning rate
+
+    c.pretrain = config_dict.ConfigDict()  # --mode=pretrain: supervised fill-in of the generator
+    c.pretrain.batch_size = 32  # masked windows per supervised step
+    c.pretrain.num_steps = 1000  # supervised steps
+    c.pretrain.learning_rate = 1e-3  # supervised peak learning rate
 
     c.group = config_dict.ConfigDict()
     c.group.size = 8  # k fills per masked window (the group)
@@ -138,6 +143,8 @@ def get_config(arg=None):
         c.judge.d_model = 16
         c.judge.batch_size = 8
         c.judge.num_steps = 4
+        c.pretrain.batch_size = 4
+        c.pretrain.num_steps = 3
         c.train.batch_size = 4
         c.group.size = 4
         c.train.num_steps = 4

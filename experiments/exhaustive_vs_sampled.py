@@ -16,7 +16,8 @@ The committed CPU-sized run (2 busy cores, ~20 min for all nine runs):
       --config=configs/shakespeare.py --seeds=3 --modes=sampled,exhaustive,guided \
       --config.model.num_layers=2 --config.model.d_model=64 --config.model.num_heads=2 \
       --config.train.batch_size=4 --config.eval.num_windows=128 \
-      --steps=30 --config.train.eval_every=10 --config.train.log_every=5 \
+      --steps=100 --config.train.eval_every=20 --config.train.log_every=5 \
+      --config.optim.learning_rate=3e-3 --config.grpo.beta=1.0 \
       --workdir_root=/tmp/exhaustive_vs_sampled
 
 On one GPU/TPU (``full`` size: 6x384 model, B=32, 2000 steps, 1024 eval windows):
@@ -42,7 +43,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from absl import app, flags, logging
-from ml_collections import config_flags
+from ml_collections import config_dict, config_flags
 
 from grpo_jax import data as data_lib
 from grpo_jax import plots, trainer
@@ -61,6 +62,9 @@ flags.DEFINE_integer("steps", 0, "Optimizer steps per run (0 = the config's trai
 flags.DEFINE_string("out_dir", "experiments/results", "Where the table, JSON and PNGs go.")
 flags.DEFINE_string("workdir_root", "/tmp/exhaustive_vs_sampled", "One workdir per run below.")
 flags.DEFINE_string("name", "exhaustive_vs_sampled", "Basename of the output files.")
+flags.DEFINE_bool(
+    "report_only", False, "Only re-render the .md and PNGs from <out_dir>/<name>.json."
+)
 flags.DEFINE_bool("fresh", True, "Delete an existing run workdir first (else the trainer resumes).")
 
 EVAL_METRICS = ("eval/rollout_accuracy", "eval/next_char_accuracy")
@@ -144,6 +148,14 @@ def main(argv):
     logging.set_verbosity(logging.WARNING)
     out_dir, root = Path(FLAGS.out_dir), Path(FLAGS.workdir_root)
     out_dir.mkdir(parents=True, exist_ok=True)
+    if FLAGS.report_only:
+        raw = json.loads((out_dir / f"{FLAGS.name}.json").read_text())
+        configs = {m: config_dict.ConfigDict(c) for m, c in raw["configs"].items()}
+        pngs = write_plots(raw["runs"], out_dir, raw["device"])
+        md = write_markdown(raw, configs, pngs)
+        (out_dir / f"{FLAGS.name}.md").write_text(md)
+        print(md)
+        return
     dev = jax.devices()[0]
     device = f"{dev.device_kind} ({dev.platform}, {jax.device_count()} device(s))"
     seed0 = int(FLAGS.config.seed)
@@ -211,7 +223,7 @@ def main(argv):
                     shutil.copy(heat, out_dir / f"{FLAGS.name}_{mode}_char_heatmap.png")
 
     summary = summarize(runs)
-    pngs = write_plots(runs, out_dir)
+    pngs = write_plots(runs, out_dir, device)
     raw = {
         "device": device,
         "command": command_line(),
@@ -250,7 +262,7 @@ def summarize(runs):
     return out
 
 
-def write_plots(runs, out_dir):
+def write_plots(runs, out_dir, device):
     pngs = []
     for key in EVAL_METRICS:
         series = {}
@@ -268,10 +280,22 @@ def write_plots(runs, out_dir):
             series,
             out_dir / name,
             key,
-            title=f"{key}: mean ± std over seeds ({jax.devices()[0].device_kind})",
+            title=f"{key}: mean ± std over seeds ({device.split(' ')[0]})",
         )
         pngs.append(name)
     return pngs
+
+
+def versus_references(m):
+    """Where a mode's mean next-char accuracy sits among the n-gram reference points."""
+    acc = m["eval/next_char_accuracy"][0]
+    above = [n for n, v in REFERENCE_POINTS.items() if acc > v]
+    below = [n for n, v in REFERENCE_POINTS.items() if acc <= v]
+    if not above:
+        return "below the unigram"
+    if not below:
+        return "above the trigram"
+    return f"above the {above[-1]}, below the {below[0]}"
 
 
 def write_markdown(raw, configs, pngs):
@@ -283,7 +307,9 @@ def write_markdown(raw, configs, pngs):
         "",
         f"- Device: **{raw['device']}** (jax {jax.__version__}). Seeds "
         f"{raw['seeds']} ran **sequentially** through `trainer.train_and_evaluate`, one "
-        "workdir per run (not vmapped over seeds).",
+        "workdir per run, not vmapped over seeds (`grpo_jax.sharding.make_multi_seed_step` "
+        "exists, but the trainer runs one seed per workdir; on 2 CPU cores a vmapped step "
+        "would not be much faster).",
         f"- Command: `{raw['command']}`",
         f"- Config overrides (all modes): `{json.dumps(raw['overrides'])}`",
         f"- Steps per run: {any_cfg.train.num_steps} optimizer steps (grpo.num_iterations="
@@ -326,14 +352,23 @@ def write_markdown(raw, configs, pngs):
     lines += [
         "",
         "Reference points (val split, next-char accuracy): unigram 14.9%, bigram 27.0%, "
-        "trigram 38.1%.",
+        "trigram 38.1%. Here (mean over seeds): "
+        + "; ".join(
+            f"{mode} {pct(m['eval/next_char_accuracy'][0])}% ({versus_references(m)})"
+            for mode, m in s.items()
+        )
+        + ".",
         "",
         "Wall time / run includes compilation and the evaluations; step time is the trainer's "
         "`step_time_s` (no eval; the first logged interval, which holds the compilation, is "
         "left out). Held-out first-char entropy: the final policy's entropy at "
         "temperature 1 over the first generated char of the eval windows (the same measure "
         "for every mode); train entropy: the last logged `entropy` (per-token mean over the "
-        "training rollouts, decision point exact over V in forced modes).",
+        "training rollouts, decision point exact over V in forced modes). Caveat for guided: "
+        "under `grpo.loss_agg=sequence-mean-token-mean` the masked candidate slots (where "
+        "the guide is confident only its top-k_confident of k+r count) enter the mean as "
+        "zero-valued rows, so guided's logged train `entropy` (and `kl`) are diluted by the "
+        "masked share; use the held-out column to compare modes.",
         "",
         "## The guide's claims, for comparison",
         "",

@@ -163,7 +163,13 @@ def main():
                 "rm",
                 s,
                 tmp / f"abl_g{g}_s{s}",
-                **{"group.size": g, "train.log_every": 1, "train.eval_every": 10},
+                # one world (seed 0's) for every run: the band is training noise only
+                **{
+                    "group.size": g,
+                    "train.log_every": 1,
+                    "train.eval_every": 10,
+                    "toy.world_seed": s0,
+                },
             )
             train_rows = [r for r in rows if "reward_mean" in r]
             eval_rows = [r for r in rows if "eval/true_reward" in r]
@@ -183,18 +189,18 @@ def main():
         curves,
         out / "toy_group_size_ablation.png",
         f"RM reward ({args.smooth}-iteration average)",
-        f"GRPO on the toy bandit: group size (mean ± std over {len(seeds)} seeds)",
+        f"Toy bandit (world {s0}): group size, mean ± std over {len(seeds)} seeds",
     )
     plots.learning_curves(
         true_curves,
         out / "toy_group_size_true_reward.png",
         "eval/true_reward (exact)",
-        f"Toy bandit: true reward of the policy vs group size ({len(seeds)} seeds)",
+        f"Toy bandit (world {s0}): true reward vs group size ({len(seeds)} seeds)",
     )
     lines += [
         "",
-        f"## Group-size ablation (RM reward, {cfg_rm.train.num_steps} iterations, seeds "
-        f"{', '.join(map(str, seeds))})",
+        f"## Group-size ablation (RM reward, {cfg_rm.train.num_steps} iterations, world "
+        f"{s0}, training seeds {', '.join(map(str, seeds))})",
         "",
         "Curves: `toy_group_size_ablation.png` (RM reward of the samples, smoothed), "
         "`toy_group_size_true_reward.png` (exact true reward of the policy).",

@@ -12,7 +12,9 @@ or a fresh init). The step is grpo_jax.single_step's (the shared objective), so 
 names match the other tasks'; ``sample_fill_accuracy`` is the share of sampled chars equal to
 the original.
 
-Modes: ``train_judge`` trains the judge (judge.py) in its own workdir; ``train`` loads it from
+Modes: ``train_judge`` trains the judge (judge.py) in its own workdir; ``pretrain`` trains the
+generator supervised (cross-entropy of the original chars at the masked positions), the
+usual ``init_from`` of a GRPO run and then its frozen reference; ``train`` loads the judge from
 ``judge.checkpoint`` and runs GRPO; ``eval`` evaluates the latest generator checkpoint.
 
 Held-out metrics (fixed val windows and spans):
@@ -26,6 +28,7 @@ Held-out metrics (fixed val windows and spans):
 import jax
 import jax.numpy as jnp
 import numpy as np
+import optax
 from absl import logging
 
 from grpo_jax import data as data_lib
@@ -33,9 +36,9 @@ from grpo_jax import judge as judge_lib
 from grpo_jax import single_step
 from grpo_jax.encoder import Encoder
 from grpo_jax.task import Task
-from grpo_jax.train_step import init_state, make_optimizer
+from grpo_jax.train_step import TrainState, init_state, make_optimizer
 
-MODES = ("train", "eval", "train_judge")
+MODES = ("train", "eval", "train_judge", "pretrain")
 JUDGE_REWARDS = ("prob", "logit")
 
 
@@ -57,7 +60,7 @@ def validate(config, mode: str):
         )
     if config.judge.reward not in JUDGE_REWARDS:
         raise ValueError(f"judge.reward={config.judge.reward!r} is unknown; choose {JUDGE_REWARDS}")
-    if mode != "train_judge":
+    if mode not in ("train_judge", "pretrain"):
         single_step.check_grpo_config(config)
     return kinds
 
@@ -125,7 +128,9 @@ def build_fill_in(config, mode: str = "train") -> Task:
         max_len=length,
         head="tokens",
     )
-    use_judge = mode == "train" or bool(j.checkpoint)  # eval: judge metrics when one is given
+    use_judge = mode == "train" or (
+        mode == "eval" and bool(j.checkpoint)
+    )  # eval: judge metrics when one is given
     judge_params = judge_lib.load_judge(config, judge_model, v) if use_judge else None
     b = config.train.batch_size
 
@@ -195,6 +200,25 @@ def build_fill_in(config, mode: str = "train") -> Task:
             lines.append(f"    original: {vocab.decode(val_windows[i])!r}")
         return scalars, {"samples": "\n".join(lines), "best_char": ""}
 
+    if mode == "pretrain":
+        pc = config.pretrain
+        tx, schedule = make_optimizer(config.optim, pc.num_steps, pc.learning_rate)
+
+        def build_pretrain(initial_params, mesh=None):  # single-device task: mesh is unused
+            return make_pretrain_step(pc, generator, masked_input, tx, schedule, d), train_tokens
+
+        return Task(
+            init_params=lambda key: generator.init(key, jnp.zeros((1, length), jnp.int32))[
+                "params"
+            ],
+            make_state=lambda params: init_state(params, tx, config.seed),
+            build=build_pretrain,
+            evaluate=evaluate,
+            tokens_per_step=int(pc.batch_size * length),
+            num_steps=int(pc.num_steps),
+            vocab=vocab,
+        )
+
     tx, schedule = make_optimizer(config.optim, config.train.num_steps)
 
     def build(initial_params, mesh=None):  # single-device task: mesh is unused
@@ -213,3 +237,39 @@ def build_fill_in(config, mode: str = "train") -> Task:
         num_steps=int(config.train.num_steps),
         vocab=vocab,
     )
+
+
+def make_pretrain_step(pc, generator, masked_input, tx, schedule, d):
+    """--mode=pretrain: supervised fill-in (cross-entropy of the original chars at the masked
+    positions), a reference generator and an ``init_from`` for GRPO."""
+    length = d.window_len
+
+    def loss_fn(params, masked, windows, span):
+        logits = generator.apply({"params": params}, masked)
+        ce = optax.softmax_cross_entropy_with_integer_labels(logits, windows)
+        hit = (jnp.argmax(logits, -1) == windows).astype(jnp.float32)
+        n = jnp.maximum(span.sum(), 1.0)
+        return jnp.sum(ce * span) / n, jnp.sum(hit * span) / n
+
+    def step(state: TrainState, tokens):
+        key = jax.random.fold_in(state.rng, state.step)
+        k_win, k_span = jax.random.split(key)
+        windows = judge_lib.random_windows(k_win, tokens, pc.batch_size, length)
+        span = judge_lib.random_spans(k_span, pc.batch_size, length, d.span_min, d.span_max)
+        grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
+        (loss, acc), grads = grad_fn(state.params, masked_input(windows, span), windows, span)
+        updates, opt_state = tx.update(grads, state.opt_state, state.params)
+        finite = jnp.isfinite(loss)
+        keep = lambda new, old: jax.tree.map(lambda a, b: jnp.where(finite, a, b), new, old)
+        params = keep(optax.apply_updates(state.params, updates), state.params)
+        metrics = {
+            "loss": loss,
+            "train_fill_accuracy": acc,
+            "grad_norm": optax.tree.norm(grads),
+            "learning_rate": schedule(state.step),
+        }
+        return TrainState(
+            state.step + 1, params, keep(opt_state, state.opt_state), state.rng
+        ), metrics
+
+    return step

@@ -30,6 +30,12 @@ ESTIMATORS = ("uniform", "expected")
 KL_CHOICES = ("exact", "k1", "k2", "k3")
 
 
+def token_logp(lp_all, tokens):
+    """log π(token) from log-probs [..., V] and tokens [...]. A one-hot product instead of a
+    gather: its gradient is dense instead of a scatter-add, which is slow on CPU."""
+    return jnp.sum(lp_all * jax.nn.one_hot(tokens, lp_all.shape[-1], dtype=lp_all.dtype), -1)
+
+
 def _masked_mean(x, w):
     return jnp.sum(x * w) / jnp.maximum(jnp.sum(w), 1.0)
 
@@ -79,7 +85,7 @@ def make_loss(config, model, has_reference: bool):
         if need_all:
             first_logits, logits = group_logits(model, params, part.context, part.tokens)
             lp_all = tempered_logp(logits, sp)  # [B, K, H, V]
-            logp = jnp.take_along_axis(lp_all, part.tokens[..., None], axis=-1)[..., 0]
+            logp = token_logp(lp_all, part.tokens)
         else:
             first_logits, _ = prefill(model, params, part.context)
             lp_first = tempered_logp(first_logits, sp)
