@@ -17,8 +17,10 @@ The committed CPU-sized run (2 busy cores, ~20 min for all nine runs):
       --config.model.num_layers=2 --config.model.d_model=64 --config.model.num_heads=2 \
       --config.train.batch_size=4 --config.eval.num_windows=128 \
       --steps=100 --config.train.eval_every=20 --config.train.log_every=5 \
-      --config.optim.learning_rate=3e-3 --config.grpo.beta=1.0 \
       --workdir_root=/tmp/exhaustive_vs_sampled
+
+(lr 3e-3, β 1.0, advantage_scale none: the config file's defaults since the plain config's
+retune; older runs passed --config.optim.learning_rate=3e-3 --config.grpo.beta=1.0.)
 
 On one GPU/TPU (``full`` size: 6x384 model, B=32, 2000 steps, 1024 eval windows):
 
@@ -65,6 +67,7 @@ flags.DEFINE_string("name", "exhaustive_vs_sampled", "Basename of the output fil
 flags.DEFINE_bool(
     "report_only", False, "Only re-render the .md and PNGs from <out_dir>/<name>.json."
 )
+flags.DEFINE_string("note", "", "Text for an 'Observations' section of the markdown.")
 flags.DEFINE_bool("fresh", True, "Delete an existing run workdir first (else the trainer resumes).")
 
 EVAL_METRICS = ("eval/rollout_accuracy", "eval/next_char_accuracy")
@@ -390,6 +393,7 @@ def write_markdown(raw, configs, pngs):
         "targets; the runs above are CPU-sized (a small model, a few optimizer steps) and "
         "are not a reproduction of hours-long runs.",
         "",
+        *(["## Observations", "", FLAGS.note, ""] if FLAGS.note else []),
         "## Learning curves",
         "",
     ]

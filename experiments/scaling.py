@@ -68,6 +68,7 @@ flags.DEFINE_integer("warmup", 1, "Untimed steps after compilation.", lower_boun
 flags.DEFINE_integer("steps", 2, "Timed steps (median reported).", lower_bound=1)
 flags.DEFINE_string("out_dir", "experiments/results", "Where the table and JSON go.")
 flags.DEFINE_string("name", "scaling", "Basename of the output files.")
+flags.DEFINE_string("note", "", "A line appended to the markdown (e.g. earlier runs' times).")
 flags.DEFINE_integer("one_v", 0, "Internal: measure this V in this process, print one JSON line.")
 
 GUIDE = {  # V -> (feasible?, memory GB, time/iteration) as the guide states them
@@ -139,6 +140,7 @@ def measure(v: int) -> dict:
     tokens = jax.random.randint(jax.random.PRNGKey(1), (FLAGS.corpus_len,), 0, v, jnp.int32)
     inputs = StepInputs(tokens, None)
 
+    load_before = os.getloadavg()
     t0 = time.perf_counter()
     compiled = jax.jit(step, donate_argnums=0).lower(state, inputs).compile()
     compile_s = time.perf_counter() - t0
@@ -170,6 +172,7 @@ def measure(v: int) -> dict:
         "generated_tokens_per_step": gen,
         "tokens_per_s": gen / med,
         "loss": float(metrics["loss"]),
+        "loadavg_1m_before_after": [load_before[0], os.getloadavg()[0]],
         **memory(compiled),
     }
 
@@ -219,8 +222,9 @@ def write_outputs(results: dict, device: str):
         "",
         "| V | vocab_chunk | guide: feasible | guide: memory (GB) | guide: time / iteration "
         "| measured: time / iteration (s, median) | measured: step executable memory "
-        "| measured: process peak RSS | compile (s) | generated tokens/s |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "| measured: process peak RSS | compile (s) | generated tokens/s | load avg (1 min) "
+        "before → after |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for v in sorted(set(GUIDE) | set(results)):
         g = GUIDE.get(v, ("–", "–", "–"))
@@ -229,20 +233,26 @@ def write_outputs(results: dict, device: str):
             why = r["error"] if r else "not run"
             if r is None and v > 256:
                 why = "not run on this device (needs a GPU)"
-            lines.append(f"| {v} | – | {g[0]} | {g[1]} | {g[2]} | {why} | – | – | – | – |")
+            lines.append(f"| {v} | – | {g[0]} | {g[1]} | {g[2]} | {why} | – | – | – | – | – |")
             continue
         lines.append(
             f"| {v} | {r['vocab_chunk']} | {g[0]} | {g[1]} | {g[2]} | "
             f"{r['median_step_s']:.2f} ({', '.join(f'{t:.2f}' for t in r['step_times_s'])}) | "
             f"{fmt_bytes(r.get('executable_bytes', r['peak_memory_bytes']))} | "
             f"{fmt_bytes(r['process_peak_rss_bytes'])} | {r['compile_s']:.1f} | "
-            f"{r['tokens_per_s']:,.0f} |"
+            f"{r['tokens_per_s']:,.0f} | "
+            + " → ".join(f"{x:.1f}" for x in r.get("loadavg_1m_before_after", []))
+            + " |"
         )
     lines += [
         "",
         "The guide's figures are claims for an 80 GB GPU with an unstated model; nothing "
-        "here is extrapolated to the V that were not run.",
+        "here is extrapolated to the V that were not run. On a shared machine the times "
+        "depend on the other jobs' load (the load-average column; "
+        f"{os.cpu_count()} CPU cores); the memory figures do not.",
     ]
+    if FLAGS.note:
+        lines += ["", FLAGS.note]
     if any(
         "peak_memory_source" in r and "memory_stats" in r["peak_memory_source"]
         for r in results.values()

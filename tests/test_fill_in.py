@@ -10,7 +10,8 @@ import pytest
 
 from grpo_jax import checkpoint as ckpt_lib
 from grpo_jax import judge as judge_lib
-from grpo_jax import trainer
+from grpo_jax import sharding, trainer
+from grpo_jax.encoder import Encoder
 from grpo_jax.metric_writers import read_metrics
 from grpo_jax.task import build_task
 from grpo_jax.train_step import TrainState
@@ -98,10 +99,7 @@ def test_refuses_a_judge_that_is_not_a_sequence_scorer(shakespeare_path, tmp_pat
     with pytest.raises(ValueError, match="judge.checkpoint is empty"):
         build_task(cfg, "train")
     # a generator (token-head) checkpoint where the judge should be
-    gen_task = build_task(cfg, "train_judge")  # builds without a judge; reuse its vocabulary
-    from grpo_jax.encoder import Encoder
-
-    gen = Encoder(vocab_size=gen_task.vocab.size + 1, out_size=gen_task.vocab.size, max_len=12)
+    gen = Encoder(vocab_size=66, out_size=65, num_layers=1, d_model=16, max_len=12)
     params = gen.init(jax.random.PRNGKey(0), jnp.zeros((1, 12), jnp.int32))["params"]
     state = TrainState(jnp.zeros((), jnp.int32), params, (), jax.random.PRNGKey(0))
     with ckpt_lib.Checkpointer(tmp_path / "gen" / "checkpoints") as ck:
@@ -112,37 +110,46 @@ def test_refuses_a_judge_that_is_not_a_sequence_scorer(shakespeare_path, tmp_pat
     assert "\n" not in str(err.value)
 
 
-def test_judge_and_reference_never_change(shakespeare_path, judge_dir):
+def test_fill_in_run_keeps_judge_and_reference_frozen(
+    shakespeare_path, judge_dir, tmp_path, monkeypatch
+):
+    """Through the real trainer: capture the step's inputs (the frozen reference and judge
+    params, exactly the arrays the jitted step receives every step) and check them after."""
+    captured = {}
+    real_jit_step = sharding.jit_step
+
+    def spy(step_fn, mesh, state, inputs, *args, **kwargs):
+        out = real_jit_step(step_fn, mesh, state, inputs, *args, **kwargs)
+        captured["inputs"] = out[2]
+        captured["frozen"] = jax.device_get((out[2].ref_params, out[2].reward_params))
+        captured["params0"] = jax.device_get(out[1].params)
+        return out
+
+    monkeypatch.setattr(sharding, "jit_step", spy)
     cfg = fill_config(shakespeare_path, judge_dir)
-    task = build_task(cfg, "train")
-    params0 = task.init_params(jax.random.PRNGKey(0))
-    step, inputs = task.build(params0)
-    frozen = jax.device_get((inputs.ref_params, inputs.reward_params))
-    state = task.make_state(params0)
-    start = jax.device_get(state.params)
-    jstep = jax.jit(step, donate_argnums=0)  # donated like the trainer's
-    for _ in range(3):
-        state, metrics = jstep(state, inputs)
-    assert np.isfinite(float(metrics["loss"]))
+    judge_before = jax.device_get(ckpt_lib.load_params(judge_dir, captured_template(cfg)))
+    state, last = trainer.train_and_evaluate(cfg, str(tmp_path))
+
+    ref0, judge0 = captured["frozen"]
+    inputs = captured["inputs"]
     after = jax.device_get((inputs.ref_params, inputs.reward_params))
-    for a, b in zip(jax.tree.leaves(frozen), jax.tree.leaves(after), strict=True):
-        np.testing.assert_array_equal(a, b)
+    for a, b in zip(jax.tree.leaves((ref0, judge0)), jax.tree.leaves(after), strict=True):
+        np.testing.assert_array_equal(a, b)  # never changed by the donated, jitted steps
+    for a, b in zip(jax.tree.leaves(ref0), jax.tree.leaves(captured["params0"]), strict=True):
+        np.testing.assert_array_equal(a, b)  # the reference is the initial generator
+    for a, b in zip(jax.tree.leaves(judge0), jax.tree.leaves(judge_before), strict=True):
+        np.testing.assert_array_equal(a, b)  # the judge is the checkpoint's
+    judge_after = ckpt_lib.load_params(judge_dir, judge_before)
+    for a, b in zip(jax.tree.leaves(judge_before), jax.tree.leaves(judge_after), strict=True):
+        np.testing.assert_array_equal(a, np.asarray(b))  # and its checkpoint is untouched
     moved = [
-        not np.array_equal(a, b)
-        for a, b in zip(jax.tree.leaves(start), jax.tree.leaves(state.params), strict=True)
+        not np.array_equal(a, np.asarray(b))
+        for a, b in zip(
+            jax.tree.leaves(captured["params0"]), jax.tree.leaves(state.params), strict=True
+        )
     ]
-    assert any(moved)  # the generator does train
-    # the reference is the initial generator, the judge the checkpoint's params
-    for a, b in zip(jax.tree.leaves(frozen[0]), jax.tree.leaves(start), strict=True):
-        np.testing.assert_array_equal(a, b)
-    on_disk = ckpt_lib.load_params(judge_dir, frozen[1])
-    for a, b in zip(jax.tree.leaves(frozen[1]), jax.tree.leaves(on_disk), strict=True):
-        np.testing.assert_array_equal(a, b)
+    assert any(moved)  # while the generator does train
 
-
-def test_fill_in_run_through_trainer(shakespeare_path, judge_dir, tmp_path):
-    cfg = fill_config(shakespeare_path, judge_dir)
-    _, last = trainer.train_and_evaluate(cfg, str(tmp_path))
     rows = read_metrics(tmp_path)
     train_row = [r for r in rows if "loss" in r][-1]
     for key in STEP_METRICS:
@@ -153,3 +160,10 @@ def test_fill_in_run_through_trainer(shakespeare_path, judge_dir, tmp_path):
     assert (tmp_path / "checkpoints").is_dir()
     samples = (tmp_path / "samples.txt").read_text()
     assert cfg.data.mask_char in samples  # the masked windows are shown with the mask token
+
+
+def captured_template(cfg):
+    model = judge_lib.make_judge_model(cfg.judge, 65, cfg.data.window_len)
+    return model.init(jax.random.PRNGKey(0), jnp.zeros((1, cfg.data.window_len), jnp.int32))[
+        "params"
+    ]
