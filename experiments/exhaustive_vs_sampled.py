@@ -26,6 +26,9 @@ On one GPU/TPU (``full`` size: 6x384 model, B=32, 2000 steps, 1024 eval windows)
 
   python experiments/exhaustive_vs_sampled.py --config=configs/shakespeare.py:full --seeds=3
 
+``--report_only`` re-renders the markdown and PNGs from the JSON without running anything;
+``--note="..."`` adds an Observations section (the committed table's was written that way).
+
 ``--config`` names the config file and its size tokens (``full``/``tiny``); the group mode
 comes from ``--modes`` (each mode uses the file's ``:<mode>`` variant, e.g. ``:sampled`` is
 G=4); ``--config.x=y`` overrides apply to every mode.

@@ -23,7 +23,8 @@ On one GPU (H100/H200), the full table:
   python experiments/scaling.py --vocab_sizes=65,256,1000,50000 \
       --chunk_for_v=1000:250,50000:500 --warmup=1 --steps=3
 
-Writes ``--out_dir/<name>.md`` and ``--out_dir/<name>.json``.
+Writes ``--out_dir/<name>.md`` and ``--out_dir/<name>.json``; ``--report_only`` re-renders the
+markdown from the JSON (``--note="..."`` appends a line, e.g. earlier runs' times).
 """
 
 import json
@@ -69,6 +70,7 @@ flags.DEFINE_integer("steps", 2, "Timed steps (median reported).", lower_bound=1
 flags.DEFINE_string("out_dir", "experiments/results", "Where the table and JSON go.")
 flags.DEFINE_string("name", "scaling", "Basename of the output files.")
 flags.DEFINE_string("note", "", "A line appended to the markdown (e.g. earlier runs' times).")
+flags.DEFINE_bool("report_only", False, "Only re-render the markdown from <out_dir>/<name>.json.")
 flags.DEFINE_integer("one_v", 0, "Internal: measure this V in this process, print one JSON line.")
 
 GUIDE = {  # V -> (feasible?, memory GB, time/iteration) as the guide states them
@@ -178,19 +180,21 @@ def measure(v: int) -> dict:
 
 
 def command_line():
-    return "python experiments/scaling.py " + " ".join(map(shlex.quote, sys.argv[1:]))
+    """The command as run, without --note (its text is the markdown's last line)."""
+    args = [a for a in sys.argv[1:] if not a.startswith(("--note", "--report_only"))]
+    return "python experiments/scaling.py " + " ".join(map(shlex.quote, args))
 
 
 def fmt_bytes(b):
     return f"{b / GIB:.2f} GiB" if b >= GIB / 4 else f"{b / 2**20:.0f} MiB"
 
 
-def write_outputs(results: dict, device: str):
+def write_outputs(results: dict, device: str, command: str | None = None):
     out_dir = Path(FLAGS.out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     raw = {
         "device": device,
-        "command": command_line(),
+        "command": command or command_line(),
         "overrides": dict(config_flags.get_override_values(FLAGS["config"])),
         "guide_claims": {str(k): v for k, v in GUIDE.items()},
         "results": {str(k): v for k, v in results.items()},
@@ -266,6 +270,12 @@ def write_outputs(results: dict, device: str):
 def main(argv):
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+    if FLAGS.report_only:
+        raw = json.loads((Path(FLAGS.out_dir) / f"{FLAGS.name}.json").read_text())
+        results = {int(k): v for k, v in raw["results"].items()}
+        args = [a for a in shlex.split(raw["command"]) if not a.startswith("--note")]
+        print(write_outputs(results, raw["device"], shlex.join(args)))
+        return
     if FLAGS.one_v:
         print(json.dumps(measure(FLAGS.one_v)), flush=True)
         return
