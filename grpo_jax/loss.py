@@ -63,13 +63,23 @@ def make_loss(config, model, has_reference: bool):
     n_cont = int(config.group.continuations_per_action)
     aa_scale = "group" if gr.advantage_scale == "group" else "none"
 
+    def agg(x, mask):
+        """objective.aggregate over the rows that exist. Guided groups mask candidate slots and
+        adaptive parts mask whole prompts; the per-row means must not count those rows, or the
+        part's loss, KL and entropy shrink by the masked share (adaptive parts are already
+        weighted by their prompt share in loss_fn)."""
+        out = objective.aggregate(x, mask, gr.loss_agg)
+        if gr.loss_agg in ("sequence-mean-token-mean", "sequence-mean-token-sum"):
+            rows = jnp.broadcast_to(mask, x.shape).reshape(-1, x.shape[-1]).any(-1)
+            out = out * rows.size / jnp.maximum(rows.sum(), 1)
+        return out
+
     def surrogate_terms(logp, old, adv, mask):
         """Aggregated clipped surrogate plus its clip fraction and mean ratio."""
         pg = objective.clipped_surrogate(logp, old, adv, eps, eps_high)
         clip = objective.clip_fraction(logp, old, adv, eps, eps_high)
         ratio = jnp.exp(logp - old)
-        agg = lambda x: objective.aggregate(x, mask, gr.loss_agg)
-        return agg(pg), _masked_mean(clip, mask), _masked_mean(ratio, mask)
+        return agg(pg, mask), _masked_mean(clip, mask), _masked_mean(ratio, mask)
 
     def kl_terms(logits_lp, logp, ref_lp, tokens):
         if not has_reference:
@@ -99,8 +109,8 @@ def make_loss(config, model, has_reference: bool):
                 logp, old, part.advantages, tok_mask
             )
             kl_tok = kl_terms(lp_all, logp, part.ref_logp, part.tokens)
-            kl = objective.aggregate(kl_tok, tok_mask, gr.loss_agg)
-            ent = objective.aggregate(entropy_of_logp(lp_all), tok_mask, gr.loss_agg)
+            kl = agg(kl_tok, tok_mask)
+            ent = agg(entropy_of_logp(lp_all), tok_mask)
             weight = jnp.mean(part.member_mask.max(1))
             return pg, kl, ent, weight, m, logp
 
@@ -132,7 +142,7 @@ def make_loss(config, model, has_reference: bool):
         if train_cont and h > 1:
             cm = tok_mask[..., 1:]
             pg_c, _, _ = surrogate_terms(logp[..., 1:], old[..., 1:], part.advantages[..., 1:], cm)
-            kl_c = objective.aggregate(
+            kl_c = agg(
                 kl_terms(
                     lp_all[..., 1:, :],
                     logp[..., 1:],
@@ -140,9 +150,8 @@ def make_loss(config, model, has_reference: bool):
                     part.tokens[..., 1:],
                 ),
                 cm,
-                gr.loss_agg,
             )
-            ent_c = objective.aggregate(entropy_of_logp(lp_all[..., 1:, :]), cm, gr.loss_agg)
+            ent_c = agg(entropy_of_logp(lp_all[..., 1:, :]), cm)
             m["pg_continuation"] = pg_c
             # KL and entropy stay per-token means (the decision point is one of H tokens), so
             # they read the same as a sampled group's; the decision point's pg term keeps its

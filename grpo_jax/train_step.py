@@ -16,6 +16,23 @@ import optax
 from grpo_jax import data as data_lib
 from grpo_jax.groups import Part
 
+# The per-step metrics every GRPO task's step returns (the trainer adds tokens_per_s); tasks
+# may add their own. Tests and dashboards read these names.
+STEP_METRICS = (
+    "loss",
+    "pg_loss",
+    "kl",
+    "entropy",
+    "reward_mean",
+    "reward_std",
+    "frac_reward_zero_std",
+    "advantage_var",
+    "clip_frac",
+    "ratio_mean",
+    "grad_norm",
+    "learning_rate",
+)
+
 
 class TrainState(NamedTuple):
     step: jax.Array  # int32 scalar

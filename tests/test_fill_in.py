@@ -14,24 +14,11 @@ from grpo_jax import sharding, trainer
 from grpo_jax.encoder import Encoder
 from grpo_jax.metric_writers import read_metrics
 from grpo_jax.task import build_task
+from grpo_jax.train_step import STEP_METRICS as TRAIN_STEP_METRICS
 from grpo_jax.train_step import TrainState
 
 ROOT = Path(__file__).resolve().parents[1]
-STEP_METRICS = (
-    "loss",
-    "pg_loss",
-    "kl",
-    "entropy",
-    "reward_mean",
-    "reward_std",
-    "frac_reward_zero_std",
-    "advantage_var",
-    "clip_frac",
-    "ratio_mean",
-    "grad_norm",
-    "learning_rate",
-    "sample_fill_accuracy",
-)
+STEP_METRICS = TRAIN_STEP_METRICS + ("sample_fill_accuracy",)
 
 
 def get_config(arg="tiny"):

@@ -112,3 +112,22 @@ def test_train_step_invariant_to_vocab_chunk(setup, mode):
         np.testing.assert_allclose(m0[k], m1[k], rtol=1e-5, atol=1e-6)
     for a, b in zip(jax.tree.leaves(s0.params), jax.tree.leaves(s1.params), strict=True):
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+
+
+def test_masked_rows_do_not_dilute_the_loss(setup):
+    """A forced part whose second prompt is masked out (as adaptive and guided groups do)
+    gives the valid prompt's own loss, weighted once by the part's prompt share (1/2)."""
+    cfg, corpus, model, params = setup
+    (part,), has_ref = _parts(cfg, corpus, model, params)
+    loss_fn = make_loss(cfg, model, has_ref)
+    keep = jnp.array([1.0, 0.0])
+    masked = part._replace(
+        member_mask=part.member_mask * keep[:, None],
+        action_mask=part.action_mask * keep[:, None],
+    )
+    alone = jax.tree.map(lambda x: x[:1], part)
+    lm, (mm, _) = loss_fn(params, (masked,), (part.logp_old,), True, (True,))
+    la, (ma, _) = loss_fn(params, (alone,), (alone.logp_old,), True, (True,))
+    for k in ("kl", "entropy", "pg_continuation"):
+        np.testing.assert_allclose(mm[k], 0.5 * ma[k], rtol=1e-5, atol=1e-7)
+    np.testing.assert_allclose(lm, 0.5 * la, rtol=1e-5, atol=1e-7)

@@ -13,22 +13,9 @@ from grpo_jax import toy_bandit as tb
 from grpo_jax import trainer
 from grpo_jax.metric_writers import read_metrics
 from grpo_jax.task import build_task
+from grpo_jax.train_step import STEP_METRICS
 
 ROOT = Path(__file__).resolve().parents[1]
-STEP_METRICS = (
-    "loss",
-    "pg_loss",
-    "kl",
-    "entropy",
-    "reward_mean",
-    "reward_std",
-    "frac_reward_zero_std",
-    "advantage_var",
-    "clip_frac",
-    "ratio_mean",
-    "grad_norm",
-    "learning_rate",
-)
 
 
 def get_config(arg):

@@ -20,23 +20,10 @@ import pytest
 from grpo_jax import checkpoint as ckpt_lib
 from grpo_jax import trainer
 from grpo_jax.metric_writers import read_metrics
+from grpo_jax.train_step import STEP_METRICS
 
 ROOT = Path(__file__).resolve().parents[1]
-TRAIN_KEYS = (
-    "loss",
-    "pg_loss",
-    "kl",
-    "entropy",
-    "reward_mean",
-    "reward_std",
-    "frac_reward_zero_std",
-    "advantage_var",
-    "clip_frac",
-    "ratio_mean",
-    "grad_norm",
-    "learning_rate",
-    "tokens_per_s",
-)
+TRAIN_KEYS = STEP_METRICS + ("tokens_per_s",)
 EVAL_KEYS = ("eval/next_char_accuracy", "eval/rollout_accuracy", "eval/val_loss", "eval/pass@1")
 TIMING_KEYS = ("tokens_per_s", "step_time_s")
 
