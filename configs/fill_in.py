@@ -1,18 +1,28 @@
 """Single-step fill-in on tiny Shakespeare with a judge reward (grpo_jax/fill_in.py).
 
-Usage (a judge, a supervised generator, then GRPO against the judge; ~7 min on 2 CPU cores):
-  python -m grpo_jax.main --config=configs/fill_in.py --mode=train_judge --workdir=runs/judge
+Usage (a supervised generator, a judge trained against its fills, then GRPO against the judge
+from that generator; ~8 min on 2 CPU cores, see experiments/fill_in.py and
+experiments/results/fill_in.md):
   python -m grpo_jax.main --config=configs/fill_in.py --mode=pretrain --workdir=runs/fill_sft
+  python -m grpo_jax.main --config=configs/fill_in.py --mode=train_judge \
+      --config.judge.negatives_from=runs/fill_sft --workdir=runs/judge
   python -m grpo_jax.main --config=configs/fill_in.py --config.judge.checkpoint=runs/judge \
       --config.init_from=runs/fill_sft --workdir=runs/fill_in
   python -m grpo_jax.main --config=configs/fill_in.py --config.judge.checkpoint=runs/judge \
       --mode=eval --workdir=runs/fill_in
+The judge's "generator" negatives are the supervised generator's own sampled fills, so it
+learns the plausible-but-wrong chars GRPO starts from; without them (drop "generator" from
+judge.corruptions and leave judge.negatives_from empty) --mode=train_judge needs no generator.
+The reward is the judge's window logit (≈ log p_data / p_corrupt + const), advantages are
+mean-centred only, and beta = 1 to the reference: the KL-regularised optimum
+π ∝ π_ref · exp(logit / beta) is then the judge-corrected generator, not the judge's argmax.
 GRPO from a random generator (no init_from) collapses onto one judge-approved char within
-~100 steps (the judge is weak on plausible-but-wrong chars), so start from --mode=pretrain.
+~100 steps, so start from --mode=pretrain.
 
 `get_config(arg)` takes comma-separated variant tokens:
   size: (none: 2-core CPU, a few minutes) | full (one GPU/TPU) | tiny (unit tests, seconds)
-The judge's architecture (judge.*) and data.window_len must be the same in both runs.
+The judge's architecture (judge.*), the generator's (model.*) and data.window_len must be the
+same in all three runs.
 """
 
 from ml_collections import config_dict
@@ -51,11 +61,13 @@ def get_config(arg=None):
 
     c.judge = config_dict.ConfigDict()  # the sequence scorer (grpo_jax/judge.py)
     c.judge.checkpoint = ""  # workdir of a --mode=train_judge run (required by --mode=train)
-    c.judge.reward = "prob"  # reward = sigmoid(judge logit) (prob) or the logit itself (logit)
+    c.judge.reward = "logit"  # reward = the judge's window logit (logit) or its sigmoid (prob)
     c.judge.num_layers = 2  # transformer blocks
     c.judge.num_heads = 2  # attention heads
     c.judge.d_model = 64  # residual width
-    c.judge.corruptions = "random,unigram,swap"  # span corruptions of the negatives
+    c.judge.corruptions = "random,bigram,swap,generator"  # span corruptions (judge.py CORRUPTIONS)
+    c.judge.negatives_from = ""  # --mode=pretrain workdir whose fills are the "generator" kind
+    c.judge.negatives_temperature = 1.0  # sampling temperature of those generator fills
     c.judge.batch_size = 32  # real windows per step (plus as many corrupted ones)
     c.judge.num_steps = 8000  # --mode=train_judge steps (~5 min on 2 CPU cores)
     c.judge.learning_rate = 3e-3  # --mode=train_judge peak learning rate
@@ -72,17 +84,17 @@ def get_config(arg=None):
     c.group.top_p = 1.0  # nucleus sampling mass (1.0 = off)
 
     c.grpo = config_dict.ConfigDict()
-    c.grpo.beta = 0.05  # KL coefficient (to the frozen reference generator)
+    c.grpo.beta = 1.0  # KL coefficient (to the frozen reference generator; 1 with reward=logit)
     c.grpo.epsilon = 0.2  # PPO clip (low side)
     c.grpo.epsilon_high = config_dict.placeholder(float)  # PPO clip high side; None -> epsilon
     c.grpo.kl_estimator = "exact"  # exact (over V, per masked position) | k1 | k2 | k3
     c.grpo.loss_agg = "sequence-mean-token-mean"  # see objective.AGGREGATIONS
     c.grpo.num_iterations = 2  # mu: optimizer updates per batch of fills
-    c.grpo.advantage_scale = "group"  # group | batch | none
+    c.grpo.advantage_scale = "none"  # group | batch | none (none: beta in reward units)
     c.grpo.entropy_coef = 0.0  # entropy bonus coefficient
 
     c.optim = config_dict.ConfigDict()
-    c.optim.learning_rate = 3e-5  # peak learning rate (GRPO; 1e-3 collapses the fills)
+    c.optim.learning_rate = 1e-4  # peak learning rate (GRPO; 1e-3 collapses the fills)
     c.optim.warmup_steps = 20  # linear warmup, then cosine decay to end_lr_fraction * peak
     c.optim.end_lr_fraction = 0.1  # final lr as a fraction of the peak
     c.optim.weight_decay = 0.0  # AdamW decoupled weight decay
@@ -102,6 +114,7 @@ def get_config(arg=None):
     c.eval.num_windows = 512  # held-out windows (fixed, with fixed spans) per evaluation
     c.eval.pass_k = (1, 4)  # k values for eval/pass@k (whole span restored in k samples)
     c.eval.num_samples = 3  # masked / filled / original triples written to samples.txt
+    c.eval.seed = 0  # seed of the held-out spans (fixed, whatever the training seed)
 
     c.mesh = config_dict.ConfigDict()
     c.mesh.data = -1  # devices on the data axis (-1 = all remaining); this task runs on one

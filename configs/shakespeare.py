@@ -62,7 +62,9 @@ def get_config(arg=None):
     c.group.top_k = 0  # sample from the top-k chars only (0 = off)
     c.group.top_p = 1.0  # nucleus sampling mass (1.0 = off)
     c.group.continuations_per_action = 1  # rollouts per forced first action
-    c.group.vocab_chunk = 0  # roll out this many forced actions at a time (0 = all at once)
+    # members per chunk of the rollout and of the loss's training forward (0 = all at once):
+    # bounds peak memory by the chunk instead of the group (needed for large V)
+    c.group.vocab_chunk = 0
     c.group.train_continuations = True  # also train tokens after the decision point
     c.group.entropy_threshold = 2.0  # adaptive: exhaustive where policy entropy (nats) exceeds it
     c.group.guide = "reference"  # guided: who ranks candidates: reference | policy
@@ -75,6 +77,8 @@ def get_config(arg=None):
     c.reward.partial_credit = 0.2  # credit for a wrong char in the reference's top-k
     c.reward.partial_topk = 5  # k of that top-k
     c.reward.per_token = False  # keep [B,G,H] rewards (else mean over the horizon -> [B,G])
+    # γ: a member's return weights position t by γ^t (normalised; 1.0 = the plain mean)
+    c.reward.discount = 1.0
 
     c.grpo = config_dict.ConfigDict()
     # KL coefficient. From scratch against an n-gram reference the exact KL is the dense,

@@ -12,13 +12,13 @@ The LAST printed line is one JSON object (also appended to --out when given).
 """
 
 import json
-import resource
 import statistics
 import time
 
 import jax
 import jax.numpy as jnp
 from absl import app, flags
+from measure import memory, timed
 from ml_collections import config_flags
 
 from grpo_jax import data as data_lib
@@ -35,16 +35,6 @@ flags.DEFINE_integer("steps", 5, "Timed steps (median reported).", lower_bound=1
 flags.DEFINE_integer("breakdown_runs", 3, "Runs per breakdown part (median).", lower_bound=1)
 flags.DEFINE_string("out", "", "Also append the JSON line to this file.")
 flags.DEFINE_bool("mesh", True, "Step on config.mesh as the trainer does (--nomesh: plain jit).")
-
-
-def timed(fn, *args, runs=1):
-    """Calls fn(*args) `runs` times with block_until_ready; returns (last output, times)."""
-    times, out = [], None
-    for _ in range(runs):
-        t0 = time.perf_counter()
-        out = jax.block_until_ready(fn(*args))
-        times.append(time.perf_counter() - t0)
-    return out, times
 
 
 def breakdown(config, params, inputs, runs):
@@ -78,34 +68,6 @@ def breakdown(config, params, inputs, runs):
         "collect_runs_s": t_collect,
         "loss_grad_runs_s": t_grad,
     }
-
-
-def memory(compiled):
-    """Device peak if the backend reports one, else the step executable's own estimate
-    (argument + output + temp - aliased, from XLA), else the process peak RSS."""
-    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux: KiB
-    out = {"process_peak_rss_bytes": int(rss)}
-    try:
-        ma = compiled.memory_analysis()
-    except Exception:  # not every backend implements it
-        ma = None
-    if ma is not None:
-        names = ("argument", "output", "temp", "alias", "generated_code")
-        sizes = {n: int(getattr(ma, f"{n}_size_in_bytes", 0)) for n in names}
-        out["executable_memory"] = sizes
-        out["executable_bytes"] = sizes["argument"] + sizes["output"] + sizes["temp"]
-        out["executable_bytes"] -= sizes["alias"]
-    stats = jax.devices()[0].memory_stats()
-    if stats and "peak_bytes_in_use" in stats:
-        out["peak_memory_bytes"] = int(stats["peak_bytes_in_use"])
-        out["peak_memory_source"] = "device.memory_stats()[peak_bytes_in_use]"
-    elif "executable_bytes" in out:
-        out["peak_memory_bytes"] = out["executable_bytes"]
-        out["peak_memory_source"] = "compiled.memory_analysis() argument+output+temp-alias"
-    else:
-        out["peak_memory_bytes"] = out["process_peak_rss_bytes"]
-        out["peak_memory_source"] = "process peak RSS (ru_maxrss)"
-    return out
 
 
 def main(argv):

@@ -6,6 +6,8 @@ synthetic data: ``train_tokens`` is a random int32 array in [0, V), the reward i
 (per-char agreement with the window's true continuation), and there is NO reference model
 (``reference=None``), so the step has no KL term at all (no exact KL over V, no reference
 log-probs): the figures are rollout + reward + policy gradient + optimizer update only.
+``group.vocab_chunk`` bounds both the rollout and the loss's training forward over the
+continuations (members in chunks, rematerialised in the backward pass; see loss.py).
 The model is the plain config's (4 layers, 4 heads, width 128 unless overridden), B=8,
 context 100, horizon 70. ``group.vocab_chunk`` per V comes from ``--chunk_for_v`` (V not
 listed: 0 = all V actions at once).
@@ -29,7 +31,6 @@ markdown from the JSON (``--note="..."`` appends a line, e.g. earlier runs' time
 
 import json
 import os
-import resource
 import shlex
 import statistics
 import subprocess
@@ -40,6 +41,7 @@ from pathlib import Path
 import jax
 import jax.numpy as jnp
 from absl import app, flags
+from measure import memory
 from ml_collections import config_flags
 
 from grpo_jax import groups, rewards
@@ -100,32 +102,6 @@ def step_config(v: int):
     config.reference.kind = "none"
     config.reward.terms = "match"
     return config
-
-
-def memory(compiled):
-    """Peak memory figures, as experiments/benchmark.py measures them."""
-    out = {"process_peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024}
-    try:
-        ma = compiled.memory_analysis()
-    except Exception:  # not every backend implements it
-        ma = None
-    if ma is not None:
-        names = ("argument", "output", "temp", "alias", "generated_code")
-        sizes = {n: int(getattr(ma, f"{n}_size_in_bytes", 0)) for n in names}
-        out["executable_memory"] = sizes
-        out["executable_bytes"] = sizes["argument"] + sizes["output"] + sizes["temp"]
-        out["executable_bytes"] -= sizes["alias"]
-    stats = jax.devices()[0].memory_stats()
-    if stats and "peak_bytes_in_use" in stats:
-        out["peak_memory_bytes"] = int(stats["peak_bytes_in_use"])
-        out["peak_memory_source"] = "device.memory_stats()[peak_bytes_in_use]"
-    elif "executable_bytes" in out:
-        out["peak_memory_bytes"] = out["executable_bytes"]
-        out["peak_memory_source"] = "compiled.memory_analysis() argument+output+temp-alias"
-    else:
-        out["peak_memory_bytes"] = out["process_peak_rss_bytes"]
-        out["peak_memory_source"] = "process peak RSS (ru_maxrss)"
-    return out
 
 
 def measure(v: int) -> dict:
@@ -221,8 +197,9 @@ def write_outputs(results: dict, device: str, command: str | None = None):
         "output + temp − aliased (XLA's figure for the step), and the process peak RSS "
         "(ru_maxrss, one process per V, includes JAX/XLA runtime and compilation); on GPU "
         "`memory_stats()['peak_bytes_in_use']`.",
-        "- `vocab_chunk` bounds the rollout's memory only (actions rolled out that many at a "
-        "time); the loss's training forward over the continuations is not chunked.",
+        "- `vocab_chunk` bounds the rollout's and the loss's memory: members are rolled out, "
+        "and their training forward is run (rematerialised in the backward pass), that many "
+        "at a time.",
         "",
         "| V | vocab_chunk | guide: feasible | guide: memory (GB) | guide: time / iteration "
         "| measured: time / iteration (s, median) | measured: step executable memory "

@@ -5,17 +5,21 @@ A train window of ``data.window_len`` chars gets one masked span (length uniform
 ``data.mask_char``, added to the vocabulary (id V). A bidirectional generator (encoder.py,
 head="tokens") reads the masked window and outputs a distribution over the V real chars at
 every position; a group member fills *all* masked positions in one step by sampling them.
-The reward is the frozen judge's probability that the filled window is real (the sigmoid of
-its logit, judge.py, ``judge.reward=prob``) or the logit itself (``logit``). The KL is exact,
+The reward is the frozen judge's window logit of the filled window (``judge.reward=logit``)
+or its sigmoid, the probability that the window is real (``prob``); nothing else (never the
+original text). The KL is exact,
 per masked position, to the frozen reference generator (the initial generator: ``init_from``
 or a fresh init). The step is grpo_jax.single_step's (the shared objective), so metric
 names match the other tasks'; ``sample_fill_accuracy`` is the share of sampled chars equal to
 the original.
 
-Modes: ``train_judge`` trains the judge (judge.py) in its own workdir; ``pretrain`` trains the
-generator supervised (cross-entropy of the original chars at the masked positions), the
-usual ``init_from`` of a GRPO run and then its frozen reference; ``train`` loads the judge from
-``judge.checkpoint`` and runs GRPO; ``eval`` evaluates the latest generator checkpoint.
+Modes: ``train_judge`` trains the judge (judge.py) in its own workdir, its "generator"
+negatives sampled by the frozen supervised generator of ``judge.negatives_from`` (a
+``pretrain`` workdir; required exactly when ``judge.corruptions`` names "generator");
+``pretrain`` trains the generator supervised (cross-entropy of the original chars at the
+masked positions), the usual ``init_from`` of a GRPO run and then its frozen reference;
+``train`` loads the judge from ``judge.checkpoint`` and runs GRPO; ``eval`` evaluates the
+latest generator checkpoint.
 
 Held-out metrics (fixed val windows and spans):
   eval/fill_accuracy          greedy fill: share of masked chars equal to the original
@@ -31,6 +35,7 @@ import numpy as np
 import optax
 from absl import logging
 
+from grpo_jax import checkpoint as ckpt_lib
 from grpo_jax import data as data_lib
 from grpo_jax import judge as judge_lib
 from grpo_jax import single_step
@@ -51,13 +56,12 @@ def validate(config, mode: str):
             f"need 1 <= data.span_min ({d.span_min}) <= data.span_max ({d.span_max}) "
             f"<= data.window_len ({d.window_len})"
         )
-    kinds = tuple(k.strip() for k in config.judge.corruptions.split(",") if k.strip())
-    bad = [k for k in kinds if k not in judge_lib.CORRUPTIONS]
-    if not kinds or bad:
-        raise ValueError(
-            f"judge.corruptions={config.judge.corruptions!r} must name some of "
-            f"{', '.join(judge_lib.CORRUPTIONS)}"
-        )
+    j = config.judge
+    kinds = judge_lib.parse_corruptions(
+        j.corruptions, j.negatives_from if mode == "train_judge" else None
+    )
+    if not j.negatives_temperature > 0:
+        raise ValueError(f"judge.negatives_temperature={j.negatives_temperature} must be > 0")
     if config.judge.reward not in JUDGE_REWARDS:
         raise ValueError(f"judge.reward={config.judge.reward!r} is unknown; choose {JUDGE_REWARDS}")
     if mode not in ("train_judge", "pretrain"):
@@ -91,32 +95,11 @@ def build_fill_in(config, mode: str = "train") -> Task:
     length = d.window_len
     train_tokens = jnp.asarray(corpus.train)
     log_uni = judge_lib.log_unigram_of(corpus.train, v)
+    log_bi = judge_lib.log_bigram_of(corpus.train, v)
     n_val = min(config.eval.num_windows, max(1, (len(corpus.val) - length) // length))
     val_ctx, val_tgt = data_lib.eval_windows(corpus.val, n_val, length - 1, 1)
     val_windows = np.concatenate([val_ctx, val_tgt], 1)
     judge_model = judge_lib.make_judge_model(j, v, length)
-
-    if mode == "train_judge":
-        tx, schedule = make_optimizer(config.optim, j.num_steps, j.learning_rate)
-
-        def build_judge(initial_params, mesh=None):  # single-device task: mesh is unused
-            step = judge_lib.make_judge_step(config, judge_model, tx, schedule, kinds, v)
-            return step, (train_tokens, log_uni)
-
-        return Task(
-            init_params=lambda key: judge_model.init(key, jnp.zeros((1, length), jnp.int32))[
-                "params"
-            ],
-            make_state=lambda params: init_state(params, tx, config.seed),
-            build=build_judge,
-            evaluate=judge_lib.make_judge_eval(
-                config, judge_model, val_windows, corpus.train, log_uni, kinds, config.seed
-            ),
-            tokens_per_step=int(2 * j.batch_size * length),
-            num_steps=int(j.num_steps),
-            vocab=vocab,
-        )
-
     m = config.model
     generator = Encoder(
         vocab_size=v + 1,
@@ -128,6 +111,42 @@ def build_fill_in(config, mode: str = "train") -> Task:
         max_len=length,
         head="tokens",
     )
+    init_generator = lambda key: generator.init(key, jnp.zeros((1, length), jnp.int32))["params"]
+
+    if mode == "train_judge":
+        tx, schedule = make_optimizer(config.optim, j.num_steps, j.learning_rate)
+        gen_params, gen_fill = None, None
+        if "generator" in kinds:  # negatives sampled by a frozen supervised generator
+            gen_params = load_generator(j.negatives_from, init_generator(jax.random.PRNGKey(0)))
+            temp = float(j.negatives_temperature)
+
+            def gen_fill(key, params, windows, span):
+                return judge_lib.generator_fill(
+                    key, generator, params, windows, span, mask_id, temp
+                )
+
+        cdata = judge_lib.CorruptionData(train_tokens, log_uni, log_bi, gen_params)
+
+        def build_judge(initial_params, mesh=None):  # single-device task: mesh is unused
+            step = judge_lib.make_judge_step(
+                config, judge_model, tx, schedule, kinds, v, gen_fill=gen_fill
+            )
+            return step, cdata
+
+        return Task(
+            init_params=lambda key: judge_model.init(key, jnp.zeros((1, length), jnp.int32))[
+                "params"
+            ],
+            make_state=lambda params: init_state(params, tx, config.seed),
+            build=build_judge,
+            evaluate=judge_lib.make_judge_eval(
+                config, judge_model, val_windows, cdata, kinds, config.seed, gen_fill
+            ),
+            tokens_per_step=int(2 * j.batch_size * length),
+            num_steps=int(j.num_steps),
+            vocab=vocab,
+        )
+
     use_judge = mode == "train" or (
         mode == "eval" and bool(j.checkpoint)
     )  # eval: judge metrics when one is given
@@ -160,9 +179,13 @@ def build_fill_in(config, mode: str = "train") -> Task:
         sm = jnp.broadcast_to(span[:, None], tokens.shape)
         return r, {"sample_fill_accuracy": jnp.sum(hit * sm) / jnp.maximum(sm.sum(), 1.0)}
 
-    # held-out: fixed val windows and spans
+    # held-out: fixed val windows and spans (eval.seed: the same for every training seed)
     ev_span = judge_lib.random_spans(
-        jax.random.PRNGKey(config.seed + 104729), len(val_windows), length, d.span_min, d.span_max
+        jax.random.PRNGKey(int(config.eval.get("seed", config.seed)) + 104729),
+        len(val_windows),
+        length,
+        d.span_min,
+        d.span_max,
     )
     ev_win = jnp.asarray(val_windows)
     ev_in = masked_input(ev_win, ev_span)
@@ -208,9 +231,7 @@ def build_fill_in(config, mode: str = "train") -> Task:
             return make_pretrain_step(pc, generator, masked_input, tx, schedule, d), train_tokens
 
         return Task(
-            init_params=lambda key: generator.init(key, jnp.zeros((1, length), jnp.int32))[
-                "params"
-            ],
+            init_params=init_generator,
             make_state=lambda params: init_state(params, tx, config.seed),
             build=build_pretrain,
             evaluate=evaluate,
@@ -229,7 +250,7 @@ def build_fill_in(config, mode: str = "train") -> Task:
         return step, single_step.Inputs(train_tokens, ref, judge_params)
 
     return Task(
-        init_params=lambda key: generator.init(key, jnp.zeros((1, length), jnp.int32))["params"],
+        init_params=init_generator,
         make_state=lambda params: init_state(params, tx, config.seed),
         build=build,
         evaluate=evaluate,
@@ -237,6 +258,17 @@ def build_fill_in(config, mode: str = "train") -> Task:
         num_steps=int(config.train.num_steps),
         vocab=vocab,
     )
+
+
+def load_generator(path: str, template):
+    """The frozen supervised generator whose samples are the judge's "generator" negatives."""
+    try:
+        return ckpt_lib.load_params(path, template)
+    except ckpt_lib.CheckpointError as err:
+        raise ValueError(
+            f"judge.negatives_from={path!r}: {str(err).splitlines()[0]}; pass the workdir of a "
+            "--mode=pretrain run of this config"
+        ) from err
 
 
 def make_pretrain_step(pc, generator, masked_input, tx, schedule, d):

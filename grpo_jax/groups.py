@@ -70,9 +70,16 @@ def adaptive_budget(batch_size: int) -> int:
     return max(1, math.ceil(batch_size / 4))
 
 
-def sequence_returns(rewards, member_mask):
-    """Per-token rewards [B, K, H] -> per-member returns [B, K] (mean over the horizon)."""
-    return rewards.mean(-1) * member_mask
+def sequence_returns(rewards, member_mask, discount=1.0):
+    """Per-token rewards [B, K, H] -> per-member returns [B, K].
+
+    R = Σ_t γ^t r_t / Σ_t γ^t: a γ-weighted mean over the horizon, in reward units (γ = 1 is
+    the plain mean). A small γ makes an early char's own reward dominate the return instead
+    of the horizon's later chars, most of which are scored after the member has left the
+    true text."""
+    h = rewards.shape[-1]
+    w = jnp.asarray(discount, jnp.float32) ** jnp.arange(h, dtype=jnp.float32)
+    return (rewards @ (w / w.sum())) * member_mask
 
 
 def make_collect(config, model, vocab_size, reference, reward_fn, member_map=None):
@@ -89,6 +96,9 @@ def make_collect(config, model, vocab_size, reference, reward_fn, member_map=Non
     n_cont = int(g.continuations_per_action)
     scale = config.grpo.advantage_scale
     per_token_adv = bool(config.reward.per_token)
+    discount = float(config.reward.get("discount", 1.0))
+    if not 0.0 <= discount <= 1.0:
+        raise ValueError(f"reward.discount={discount} must lie in [0, 1]")
     cont_token_adv = True  # continuation tokens: per-position group baseline (see loss.py)
     needs_ref = reference is not None
 
@@ -112,7 +122,9 @@ def make_collect(config, model, vocab_size, reference, reward_fn, member_map=Non
         if per_token_adv:
             adv = objective.group_advantages(rewards, scale, mask=mm > 0)
         else:
-            seq = objective.group_advantages(sequence_returns(rewards, mm), scale, mask=mm > 0)
+            seq = objective.group_advantages(
+                sequence_returns(rewards, mm, discount), scale, mask=mm > 0
+            )
             adv = jnp.broadcast_to(seq[..., None], rewards.shape)
         empty = jnp.zeros((b, 0))
         return Part(
@@ -148,7 +160,7 @@ def make_collect(config, model, vocab_size, reference, reward_fn, member_map=Non
             member_map,
         )
         ref_lp, rewards = score(ref_state, context, target, r, mm)
-        returns = sequence_returns(rewards, mm).reshape(b, a, n_cont).mean(-1)
+        returns = sequence_returns(rewards, mm, discount).reshape(b, a, n_cont).mean(-1)
         # decision point: advantages over the forced actions (the "uniform" estimator);
         # continuations: a per-position baseline over the group (their own credit).
         adv0 = objective.group_advantages(returns, scale, mask=action_mask > 0)
@@ -156,7 +168,9 @@ def make_collect(config, model, vocab_size, reference, reward_fn, member_map=Non
         if cont_token_adv:
             adv_rest = objective.group_advantages(rewards[..., 1:], scale, mask=mm > 0)
         else:
-            seq = objective.group_advantages(sequence_returns(rewards, mm), scale, mask=mm > 0)
+            seq = objective.group_advantages(
+                sequence_returns(rewards, mm, discount), scale, mask=mm > 0
+            )
             adv_rest = jnp.broadcast_to(seq[..., None], rewards[..., 1:].shape)
         adv = jnp.concatenate([adv0[..., None], adv_rest], axis=-1)
         return Part(

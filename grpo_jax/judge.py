@@ -7,8 +7,14 @@ Corruptions replace the chars of a random span (the same span distribution as th
 generator's masks) by one of ``judge.corruptions``:
   random   uniform chars of the vocabulary
   unigram  chars drawn from the train split's char frequencies
+  bigram   chars drawn left to right from the train split's bigram model P(c | previous char)
+           (plausible spellings, blind to the right-hand context)
   swap     the chars at the same positions of another random train window (real text, wrong
            place: the judge must read the context, not only the chars)
+  generator  the fill that a frozen supervised generator (``judge.negatives_from``, a
+           ``--mode=pretrain`` workdir) samples for the masked span, at
+           ``judge.negatives_temperature``: exactly the plausible-but-wrong chars that a GRPO
+           run starting from that generator proposes (chars it gets right stay labelled real)
 Loss, on B real and B corrupted windows per step: per-char binary cross-entropy (ELECTRA's
 replaced-token detection; a char counts as corrupted only where it differs from the original),
 class-balanced (corrupted chars are a few percent of all), plus the window-level binary
@@ -23,6 +29,7 @@ Held-out metrics (fixed val windows and corruptions):
 """
 
 from pathlib import Path
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -34,7 +41,45 @@ from grpo_jax import checkpoint as ckpt_lib
 from grpo_jax.encoder import SCORE_HEAD, Encoder
 from grpo_jax.train_step import TrainState, keep_if_finite
 
-CORRUPTIONS = ("random", "unigram", "swap")
+CORRUPTIONS = ("random", "unigram", "bigram", "swap", "generator")
+
+
+class CorruptionData(NamedTuple):
+    """What the corruptions read (frozen step inputs, never trained)."""
+
+    tokens: Any  # the train split [N] int32 (swap windows)
+    log_unigram: Any  # [V] log char frequencies of the train split
+    log_bigram: Any  # [V + 1, V] log P(next | previous); row V = the unigram (no previous)
+    gen_params: Any = None  # the frozen generator's params (kind "generator"), or None
+
+
+def parse_corruptions(spec: str, negatives_from: str | None = None) -> tuple:
+    """``judge.corruptions`` as a tuple of kinds; a one-line ValueError on bad names, and
+    (when ``negatives_from`` is given, i.e. the judge is being trained) on a "generator" kind
+    without a generator or a generator without that kind."""
+    kinds = tuple(k.strip() for k in spec.split(",") if k.strip())
+    bad = [k for k in kinds if k not in CORRUPTIONS]
+    if not kinds or bad:
+        what = f"unknown corruption {bad[0]!r}; " if bad else ""
+        raise ValueError(
+            f"judge.corruptions={spec!r}: {what}name one or more of {', '.join(CORRUPTIONS)} "
+            "(comma-separated)"
+        )
+    if len(set(kinds)) != len(kinds):
+        raise ValueError(f"judge.corruptions={spec!r} names a kind twice")
+    if negatives_from is None:
+        return kinds
+    if "generator" in kinds and not negatives_from:
+        raise ValueError(
+            "judge.corruptions includes 'generator', which needs judge.negatives_from=DIR "
+            "(a --mode=pretrain workdir of this config); or drop 'generator'"
+        )
+    if negatives_from and "generator" not in kinds:
+        raise ValueError(
+            f"judge.negatives_from={negatives_from!r} is set but judge.corruptions="
+            f"{spec!r} lacks 'generator'; add it or clear judge.negatives_from"
+        )
+    return kinds
 
 
 def make_judge_model(judge_cfg, vocab_size: int, window_len: int) -> Encoder:
@@ -62,20 +107,49 @@ def random_windows(key, tokens, batch: int, width: int):
     return jax.vmap(lambda s: jax.lax.dynamic_slice(tokens, (s,), (width,)))(starts)
 
 
-def corrupt(key, windows, span, tokens, log_unigram, kinds):
+def bigram_fill(key, windows, span, log_bigram):
+    """Left-to-right bigram samples in ``span``: each masked char ~ P(· | the char before it,
+    itself sampled when masked); a span at position 0 starts from the unigram (row V)."""
+    b, length = windows.shape
+    v = log_bigram.shape[1]
+    keys = jax.random.split(key, length)
+
+    def body(prev, xs):
+        k, col, m = xs
+        c = jax.random.categorical(k, log_bigram[prev])  # [B]
+        out = jnp.where(m > 0, c, col).astype(jnp.int32)
+        return out, out
+
+    start = jnp.full((b,), v, jnp.int32)
+    _, cols = jax.lax.scan(body, start, (keys, windows.T, span.T))
+    return cols.T
+
+
+def generator_fill(key, generator, gen_params, windows, span, mask_id: int, temperature=1.0):
+    """The frozen generator's sampled fill of ``span`` (masked with ``mask_id``) [B, L]."""
+    masked = jnp.where(span > 0, mask_id, windows).astype(jnp.int32)
+    logits = generator.apply({"params": gen_params}, masked) / temperature  # [B, L, V]
+    fill = jax.random.categorical(key, logits)
+    return jnp.where(span > 0, fill, windows).astype(jnp.int32)
+
+
+def corrupt(key, windows, span, data: CorruptionData, kinds, gen_fill=None):
     """Corrupted copies of ``windows`` [B, L] inside ``span`` [B, L].
 
+    ``gen_fill(key, gen_params, windows, span) -> [B, L]`` samples kind "generator".
     Returns (corrupted [B, L], kind index [B], changed [B] bool)."""
     b, length = windows.shape
-    v = log_unigram.shape[0]
-    k_kind, k_rand, k_uni, k_swap = jax.random.split(key, 4)
+    v = data.log_unigram.shape[0]
+    k_kind, k_rand, k_uni, k_swap, k_bi, k_gen = jax.random.split(key, 6)
     kind = jax.random.randint(k_kind, (b,), 0, len(kinds))
-    options = {
-        "random": jax.random.randint(k_rand, (b, length), 0, v),
-        "unigram": jax.random.categorical(k_uni, log_unigram, shape=(b, length)),
-        "swap": random_windows(k_swap, tokens, b, length),
+    options = {  # only the kinds in use are computed
+        "random": lambda: jax.random.randint(k_rand, (b, length), 0, v),
+        "unigram": lambda: jax.random.categorical(k_uni, data.log_unigram, shape=(b, length)),
+        "bigram": lambda: bigram_fill(k_bi, windows, span, data.log_bigram),
+        "swap": lambda: random_windows(k_swap, data.tokens, b, length),
+        "generator": lambda: gen_fill(k_gen, data.gen_params, windows, span),
     }
-    stacked = jnp.stack([options[k] for k in kinds])  # [K, B, L]
+    stacked = jnp.stack([options[k]().astype(jnp.int32) for k in kinds])  # [K, B, L]
     repl = jnp.take_along_axis(stacked, kind[None, :, None], axis=0)[0]
     out = jnp.where(span > 0, repl, windows).astype(jnp.int32)
     return out, kind, jnp.any(out != windows, axis=-1)
@@ -86,13 +160,25 @@ def log_unigram_of(tokens, vocab_size: int):
     return jnp.asarray(np.log(counts / counts.sum()), jnp.float32)
 
 
+def log_bigram_of(tokens, vocab_size: int, smoothing: float = 0.01):
+    """[V + 1, V] log P(next | previous) of ``tokens`` (add-``smoothing``); row V is the
+    unigram, the distribution of a char with no previous one."""
+    t = np.asarray(tokens).astype(np.int64)
+    counts = np.zeros((vocab_size + 1, vocab_size), np.float64)
+    np.add.at(counts, (t[:-1], t[1:]), 1.0)
+    counts[vocab_size] = np.bincount(t, minlength=vocab_size)
+    counts += smoothing
+    return jnp.asarray(np.log(counts / counts.sum(1, keepdims=True)), jnp.float32)
+
+
 def window_logit(token_logits, params):
     """The window logit of encoder.py's score head from its per-char logits [..., L]."""
     return jnp.sum(jax.nn.log_sigmoid(token_logits), -1) + params["score_bias"]
 
 
-def make_judge_step(config, model, tx, schedule, kinds, vocab_size):
-    """Returns step(state, train_tokens) -> (state, metrics): one BCE step (pure; jit it)."""
+def make_judge_step(config, model, tx, schedule, kinds, vocab_size, gen_fill=None):
+    """Returns step(state, data: CorruptionData) -> (state, metrics): one BCE step (pure;
+    jit it). ``gen_fill`` samples the "generator" corruption (see ``corrupt``)."""
     j, d = config.judge, config.data
     b, length = j.batch_size, d.window_len
 
@@ -109,13 +195,12 @@ def make_judge_step(config, model, tx, schedule, kinds, vocab_size):
         acc = jnp.mean(((window > 0) == (label > 0.5)).astype(jnp.float32))
         return token_loss + window_loss, acc
 
-    def step(state: TrainState, inputs):
-        tokens, log_uni = inputs
+    def step(state: TrainState, data: CorruptionData):
         key = jax.random.fold_in(state.rng, state.step)
         k_win, k_span, k_cor = jax.random.split(key, 3)
-        real = random_windows(k_win, tokens, b, length)
+        real = random_windows(k_win, data.tokens, b, length)
         span = random_spans(k_span, b, length, d.span_min, d.span_max)
-        fake, _, _ = corrupt(k_cor, real, span, tokens, log_uni, kinds)
+        fake, _, _ = corrupt(k_cor, real, span, data, kinds, gen_fill)
         x = jnp.concatenate([real, fake])
         y = jnp.concatenate([jnp.ones_like(real), (fake == real)]).astype(jnp.float32)
         (loss, acc), grads = jax.value_and_grad(loss_fn, has_aux=True)(state.params, x, y)
@@ -134,14 +219,15 @@ def make_judge_step(config, model, tx, schedule, kinds, vocab_size):
     return step
 
 
-def make_judge_eval(config, model, val_windows, train_tokens, log_uni, kinds, seed):
-    """Held-out real-vs-corrupted metrics on fixed windows; returns evaluate(params)."""
+def make_judge_eval(config, model, val_windows, data: CorruptionData, kinds, seed, gen_fill=None):
+    """Held-out real-vs-corrupted metrics on fixed windows (corrupted by the same kinds as in
+    training, the generator's fills included); returns evaluate(params)."""
     d = config.data
     key = jax.random.PRNGKey(seed + 7919)
     k_span, k_cor = jax.random.split(key)
     real = jnp.asarray(val_windows)
     span = random_spans(k_span, real.shape[0], d.window_len, d.span_min, d.span_max)
-    fake, kind, changed = corrupt(k_cor, real, span, jnp.asarray(train_tokens), log_uni, kinds)
+    fake, kind, changed = corrupt(k_cor, real, span, data, kinds, gen_fill)
     fake, kind, changed = np.asarray(fake), np.asarray(kind), np.asarray(changed)
     keep = changed  # only windows whose corruption changed something
     score = jax.jit(lambda p, x: model.apply({"params": p}, x))

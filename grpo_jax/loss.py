@@ -13,6 +13,14 @@ Forced parts (exhaustive / guided): at the decision point either
 plus, when group.train_continuations, the clipped surrogate on tokens 1..H-1 with their
 per-position group advantages. The decision point's KL and entropy are exact over V.
 
+KL: ``grpo.kl_estimator`` = ``exact`` (reverse KL(π‖π_ref) summed over V), ``exact_forward``
+(forward KL(π_ref‖π) over V: the reference's distribution as a soft target at every scored
+position) or a sampled-token estimator k1/k2/k3 of the reverse KL.
+
+Memory: a forced part's continuation tokens run their training forward ``group.vocab_chunk``
+members at a time, each chunk rematerialised in the backward pass, so the [B, K, H, V] logits
+of a whole exhaustive group never exist at once (see continuation_terms).
+
 π_old: the μ updates reuse one batch of rollouts. The log-probs of iteration 0's forward are
 π_old exactly (same params, same computation as every later iteration), so they are captured
 there and carried to iterations 1..μ-1; the ratio is exactly 1 at iteration 0.
@@ -23,11 +31,10 @@ import jax.numpy as jnp
 
 from grpo_jax import objective
 from grpo_jax.groups import Part
-from grpo_jax.model import group_logits
-from grpo_jax.rollout import entropy_of_logp, prefill, sampling_params, tempered_logp
+from grpo_jax.model import Transformer, group_logits
+from grpo_jax.rollout import chunked, entropy_of_logp, prefill, sampling_params, tempered_logp
 
 ESTIMATORS = ("uniform", "expected")
-KL_CHOICES = ("exact", "k1", "k2", "k3")
 
 
 def token_logp(lp_all, tokens):
@@ -44,10 +51,12 @@ def make_loss(config, model, has_reference: bool):
     """Returns loss_fn(params, parts, old_logps, first_iter) -> (loss, (metrics, logps))."""
     gr = config.grpo
     sp = sampling_params(config.group)
-    if gr.kl_estimator not in KL_CHOICES:
+    if gr.kl_estimator not in objective.KL_CHOICES:
         raise ValueError(
-            f"grpo.kl_estimator={gr.kl_estimator!r} is unknown; choose from {KL_CHOICES}"
+            f"grpo.kl_estimator={gr.kl_estimator!r} is unknown; choose from {objective.KL_CHOICES}"
         )
+    # the decision point's KL is exact over V whatever the estimator; its direction follows it
+    exact_kl = objective.EXACT_KL.get(gr.kl_estimator, objective.exact_kl)
     if gr.exhaustive_estimator not in ESTIMATORS:
         raise ValueError(
             f"grpo.exhaustive_estimator={gr.exhaustive_estimator!r} is unknown; "
@@ -61,6 +70,7 @@ def make_loss(config, model, has_reference: bool):
     beta = gr.beta if has_reference else 0.0
     train_cont = bool(config.group.train_continuations)
     n_cont = int(config.group.continuations_per_action)
+    vocab_chunk = int(config.group.vocab_chunk)
     aa_scale = "group" if gr.advantage_scale == "group" else "none"
 
     def agg(x, mask):
@@ -84,38 +94,74 @@ def make_loss(config, model, has_reference: bool):
     def kl_terms(logits_lp, logp, ref_lp, tokens):
         if not has_reference:
             return jnp.zeros_like(logp)
-        if gr.kl_estimator == "exact":
-            return objective.exact_kl(logits_lp, ref_lp)
+        if gr.kl_estimator in objective.EXACT_KL:
+            return exact_kl(logits_lp, ref_lp)
         ref_tok = jnp.take_along_axis(ref_lp, tokens[..., None], axis=-1)[..., 0]
         return objective.kl_estimate(logp, ref_tok, gr.kl_estimator)
 
-    def part_loss(params, part: Part, old_logp, first_iter, forced: bool):
+    def agg_weights(mask):
+        """Per-token weights w with agg(x, mask) == Σ x·w for every x. Every aggregation is
+        linear in x with mask-only coefficients, so the weights are agg's gradient in x; they
+        let the member chunks of a forced part each add their share of the exact aggregate."""
+        return jax.grad(lambda x: agg(x, mask))(jnp.zeros(mask.shape, jnp.float32))
+
+    def sampled_loss(params, part: Part, old_logp, first_iter):
         b, k, h = part.tokens.shape
-        need_all = (not forced) or train_cont
-        if need_all:
-            first_logits, logits = group_logits(model, params, part.context, part.tokens)
-            lp_all = tempered_logp(logits, sp)  # [B, K, H, V]
-            logp = token_logp(lp_all, part.tokens)
-        else:
-            first_logits, _ = prefill(model, params, part.context)
-            lp_first = tempered_logp(first_logits, sp)
-            logp = jnp.take_along_axis(lp_first, part.tokens[..., 0], axis=1)[..., None]
-            logp = jnp.pad(logp, ((0, 0), (0, 0), (0, h - 1)))
+        _, logits = group_logits(model, params, part.context, part.tokens)
+        lp_all = tempered_logp(logits, sp)  # [B, K, H, V]
+        logp = token_logp(lp_all, part.tokens)
         old = jnp.where(first_iter, jax.lax.stop_gradient(logp), old_logp)
         tok_mask = jnp.broadcast_to(part.member_mask[..., None], (b, k, h))
         m = {}
-        if not forced:
-            pg, m["clip_frac"], m["ratio_mean"] = surrogate_terms(
-                logp, old, part.advantages, tok_mask
-            )
-            kl_tok = kl_terms(lp_all, logp, part.ref_logp, part.tokens)
-            kl = agg(kl_tok, tok_mask)
-            ent = agg(entropy_of_logp(lp_all), tok_mask)
-            weight = jnp.mean(part.member_mask.max(1))
-            return pg, kl, ent, weight, m, logp
+        pg, m["clip_frac"], m["ratio_mean"] = surrogate_terms(logp, old, part.advantages, tok_mask)
+        kl = agg(kl_terms(lp_all, logp, part.ref_logp, part.tokens), tok_mask)
+        ent = agg(entropy_of_logp(lp_all), tok_mask)
+        return pg, kl, ent, jnp.mean(part.member_mask.max(1)), m, logp
 
-        # decision point
+    def continuation_terms(params, prefix, context_len, part: Part, old_logp, first_iter):
+        """Tokens 1..H-1 of a forced part, ``group.vocab_chunk`` members at a time.
+
+        Each chunk runs the training forward of its members against the shared prefix and
+        returns its members' weighted sums of the clipped surrogate, KL and entropy (weights
+        from agg_weights, so the chunks add up to the unchunked aggregate exactly). Chunks
+        are rematerialised (jax.checkpoint): the backward pass recomputes one chunk's
+        activations at a time, so the [B, K, H, V] logits never exist at once and peak
+        memory is bounded by the chunk, as in the rollout.
+        Returns (pg, kl, ent) scalars and logp [B, K, H-1]."""
+        b, k, h = part.tokens.shape
+        w = agg_weights(jnp.broadcast_to(part.member_mask[..., None], (b, k, h - 1)))
+
+        def chunk(tokens, old_c, adv_c, w_c, ref_c):
+            logits = model.apply(
+                {"params": params}, prefix, tokens[..., :-1], context_len, method=Transformer.extend
+            )
+            lp = tempered_logp(logits, sp)  # [B, c, H-1, V]
+            tok = tokens[..., 1:]
+            logp = token_logp(lp, tok)
+            old = jnp.where(first_iter, jax.lax.stop_gradient(logp), old_c)
+            wsum = lambda x: jnp.sum(jnp.where(w_c > 0, x, 0.0) * w_c, axis=-1)
+            pg = wsum(objective.clipped_surrogate(logp, old, adv_c, eps, eps_high))
+            return pg, wsum(kl_terms(lp, logp, ref_c, tok)), wsum(entropy_of_logp(lp)), logp
+
+        fn = jax.checkpoint(chunk) if 0 < vocab_chunk < k else chunk
+        pg, kl, ent, logp = chunked(
+            fn,
+            vocab_chunk,
+            part.tokens,
+            old_logp[..., 1:],
+            part.advantages[..., 1:],
+            w,
+            part.ref_logp[..., 1:, :],
+        )
+        return pg.sum(), kl.sum(), ent.sum(), logp
+
+    def forced_loss(params, part: Part, old_logp, first_iter):
+        b, k, h = part.tokens.shape
+        first_logits, prefix = prefill(model, params, part.context)
         lp_first = tempered_logp(first_logits, sp)  # [B, V]
+        logp = jnp.take_along_axis(lp_first, part.tokens[..., 0], axis=1)[..., None]
+        m = {}
+        # decision point
         lp_act = jnp.take_along_axis(lp_first, part.actions, axis=1)  # [B, A]
         prompt_w = part.action_mask.max(1)  # prompts whose group counts
         if gr.exhaustive_estimator == "expected":
@@ -125,33 +171,22 @@ def make_loss(config, model, has_reference: bool):
             pg = _masked_mean(pg_rows, prompt_w)
             m["clip_frac"], m["ratio_mean"] = jnp.zeros(()), jnp.ones(())
         else:
-            old_act = old[:, ::n_cont, 0]
+            old_act = jnp.where(first_iter, jax.lax.stop_gradient(logp), old_logp[..., :1])
+            old_act = old_act[:, ::n_cont, 0]
             adv_act = part.advantages[:, ::n_cont, 0]
             pg, m["clip_frac"], m["ratio_mean"] = surrogate_terms(
                 lp_act, old_act, adv_act, part.action_mask
             )
         ent_dp = entropy_of_logp(lp_first)
-        kl_dp = (
-            objective.exact_kl(lp_first, part.ref_logp[:, 0, 0])
-            if has_reference
-            else jnp.zeros((b,))
-        )
+        kl_dp = exact_kl(lp_first, part.ref_logp[:, 0, 0]) if has_reference else jnp.zeros((b,))
         m["entropy_decision"] = _masked_mean(ent_dp, prompt_w)
         m["kl_decision"] = _masked_mean(kl_dp, prompt_w)
         kl, ent = m["kl_decision"], m["entropy_decision"]
         if train_cont and h > 1:
-            cm = tok_mask[..., 1:]
-            pg_c, _, _ = surrogate_terms(logp[..., 1:], old[..., 1:], part.advantages[..., 1:], cm)
-            kl_c = agg(
-                kl_terms(
-                    lp_all[..., 1:, :],
-                    logp[..., 1:],
-                    part.ref_logp[..., 1:, :],
-                    part.tokens[..., 1:],
-                ),
-                cm,
+            pg_c, kl_c, ent_c, logp_rest = continuation_terms(
+                params, prefix, part.context.shape[1], part, old_logp, first_iter
             )
-            ent_c = agg(entropy_of_logp(lp_all[..., 1:, :]), cm)
+            logp = jnp.concatenate([logp, logp_rest], axis=-1)
             m["pg_continuation"] = pg_c
             # KL and entropy stay per-token means (the decision point is one of H tokens), so
             # they read the same as a sampled group's; the decision point's pg term keeps its
@@ -159,7 +194,14 @@ def make_loss(config, model, has_reference: bool):
             pg = pg + pg_c
             kl = (kl + (h - 1) * kl_c) / h
             ent = (ent + (h - 1) * ent_c) / h
+        else:
+            logp = jnp.pad(logp, ((0, 0), (0, 0), (0, h - 1)))
         return pg, kl, ent, jnp.mean(prompt_w), m, logp
+
+    def part_loss(params, part: Part, old_logp, first_iter, forced: bool):
+        if forced:
+            return forced_loss(params, part, old_logp, first_iter)
+        return sampled_loss(params, part, old_logp, first_iter)
 
     def loss_fn(params, parts, old_logps, first_iter, forced_flags):
         total = pg_t = kl_t = ent_t = 0.0

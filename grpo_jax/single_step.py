@@ -27,8 +27,6 @@ from grpo_jax import rollout as ro
 from grpo_jax.groups import Part
 from grpo_jax.train_step import TrainState, group_metrics
 
-KL_CHOICES = ("exact", "k1", "k2", "k3")
-
 
 class Inputs(NamedTuple):
     """Read-only step arguments (passed to the jitted step, never part of the TrainState, so
@@ -41,8 +39,10 @@ class Inputs(NamedTuple):
 
 def check_grpo_config(config):
     gr = config.grpo
-    if gr.kl_estimator not in KL_CHOICES:
-        raise ValueError(f"grpo.kl_estimator={gr.kl_estimator!r} is unknown; choose {KL_CHOICES}")
+    if gr.kl_estimator not in objective.KL_CHOICES:
+        raise ValueError(
+            f"grpo.kl_estimator={gr.kl_estimator!r} is unknown; choose {objective.KL_CHOICES}"
+        )
     if gr.loss_agg not in objective.AGGREGATIONS:
         raise ValueError(
             f"grpo.loss_agg={gr.loss_agg!r} is unknown; choose from {list(objective.AGGREGATIONS)}"
@@ -93,8 +93,10 @@ def make_step(
         pg = agg(objective.clipped_surrogate(logp, old, a, eps, eps_high), tok_mask)
         if ref_lp is None:
             kl = jnp.zeros(())
-        elif gr.kl_estimator == "exact":
-            per_pos = objective.exact_kl(lp_all, ref_lp)  # [B, T]: exact, the same for members
+        elif gr.kl_estimator in objective.EXACT_KL:
+            per_pos = objective.EXACT_KL[gr.kl_estimator](
+                lp_all, ref_lp
+            )  # [B, T]: exact, the same for members
             kl = agg(jnp.broadcast_to(per_pos[:, None], tokens.shape), tok_mask)
         else:
             ref_tok = member_logp(ref_lp, tokens)

@@ -40,6 +40,8 @@ class Task(NamedTuple):
 
 def validate(config, mode: str):
     """Fail fast, in one line, on values the code cannot honour."""
+    if mode == "train_judge":
+        raise ValueError("task=shakespeare has no judge; --mode=train_judge is for task=fill_in")
     d, g, m = config.data, config.group, config.model
     max_len = m.max_len or d.context_len + d.horizon
     if d.context_len < 1 or d.horizon < 1:

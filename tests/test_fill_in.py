@@ -29,10 +29,23 @@ def get_config(arg="tiny"):
 
 
 @pytest.fixture(scope="module")
-def judge_dir(tmp_path_factory, shakespeare_path):
-    """A tiny judge trained by --mode=train_judge (through the common trainer)."""
+def gen_dir(tmp_path_factory, shakespeare_path):
+    """A tiny supervised generator (--mode=pretrain): the judge's "generator" negatives."""
     cfg = get_config()
     cfg.data.path = str(shakespeare_path)
+    workdir = tmp_path_factory.mktemp("gen")
+    trainer.train_and_evaluate(cfg, str(workdir), "pretrain")
+    return workdir
+
+
+@pytest.fixture(scope="module")
+def judge_dir(tmp_path_factory, shakespeare_path, gen_dir):
+    """A tiny judge trained by --mode=train_judge (through the common trainer), with every
+    corruption kind, the generator's fills included."""
+    cfg = get_config()
+    cfg.data.path = str(shakespeare_path)
+    cfg.judge.corruptions = ",".join(judge_lib.CORRUPTIONS)
+    cfg.judge.negatives_from = str(gen_dir)
     workdir = tmp_path_factory.mktemp("judge")
     _, last = trainer.train_and_evaluate(cfg, str(workdir), "train_judge")
     assert 0.0 <= last["eval/judge_accuracy"] <= 1.0
@@ -55,17 +68,119 @@ def test_spans_are_one_contiguous_run():
     np.testing.assert_array_equal(edges, 2)  # exactly one run of ones per row
 
 
+def constant_generator(vocab=20, length=12, bias=None):
+    """A tiny generator whose output ignores its input: softmax(bias) at every position."""
+    gen = Encoder(vocab_size=vocab + 1, out_size=vocab, num_layers=1, d_model=16, max_len=length)
+    params = gen.init(jax.random.PRNGKey(0), jnp.zeros((1, length), jnp.int32))["params"]
+    params = dict(params)
+    params["lm_head"] = {
+        "kernel": jnp.zeros_like(params["lm_head"]["kernel"]),
+        "bias": jnp.asarray(bias, jnp.float32),
+    }
+    return gen, params
+
+
+def corruption_data(tokens, vocab=20, gen_params=None):
+    t = np.asarray(tokens)
+    return judge_lib.CorruptionData(
+        jnp.asarray(tokens),
+        judge_lib.log_unigram_of(t, vocab),
+        judge_lib.log_bigram_of(t, vocab),
+        gen_params,
+    )
+
+
 def test_corruptions_stay_inside_the_span():
     tokens = jnp.arange(200, dtype=jnp.int32) % 20
     real = judge_lib.random_windows(jax.random.PRNGKey(1), tokens, 64, 12)
     span = judge_lib.random_spans(jax.random.PRNGKey(2), 64, 12, 1, 3)
-    log_uni = judge_lib.log_unigram_of(np.asarray(tokens), 20)
-    fake, _, changed = judge_lib.corrupt(
-        jax.random.PRNGKey(3), real, span, tokens, log_uni, judge_lib.CORRUPTIONS
+    gen, gparams = constant_generator(bias=np.linspace(-1.0, 1.0, 20))
+    fill = lambda k, p, w, s: judge_lib.generator_fill(k, gen, p, w, s, mask_id=20)
+    fake, kind, changed = judge_lib.corrupt(
+        jax.random.PRNGKey(3),
+        real,
+        span,
+        corruption_data(tokens, gen_params=gparams),
+        judge_lib.CORRUPTIONS,
+        fill,
     )
     diff = np.asarray(fake != real)
     assert not diff[np.asarray(span) == 0].any()
     np.testing.assert_array_equal(diff.any(1), np.asarray(changed))
+    assert set(np.asarray(kind).tolist()) == set(range(len(judge_lib.CORRUPTIONS)))
+    assert 0 <= int(fake.min()) and int(fake.max()) < 20  # the mask id never leaks in
+
+
+def test_bigram_corruption_follows_the_train_bigrams():
+    """A corpus where c is always followed by c+1 or c+2 (mod 20): the bigram fill of a span
+    takes one of those two steps from the char before it (sampled or original), both about
+    equally often, and so differs from the original span in about half the rows."""
+    rng = np.random.default_rng(0)
+    tokens = np.cumsum(rng.integers(1, 3, 20000)) % 20
+    data = corruption_data(tokens)
+    real = judge_lib.random_windows(jax.random.PRNGKey(1), jnp.asarray(tokens), 2048, 12)
+    span = judge_lib.random_spans(jax.random.PRNGKey(2), 2048, 12, 1, 3)
+    fake = np.asarray(judge_lib.bigram_fill(jax.random.PRNGKey(3), real, span, data.log_bigram))
+    real, span = np.asarray(real), np.asarray(span)
+    np.testing.assert_array_equal(fake[span == 0], real[span == 0])
+    assert fake.min() >= 0 and fake.max() < 20
+    inner = span[:, 1:] > 0  # masked positions with a char before them
+    step = ((fake[:, 1:] - fake[:, :-1]) % 20)[inner]
+    assert np.isin(step, (1, 2)).mean() > 0.97  # smoothing leaves ~1% elsewhere
+    assert 0.4 < (step == 1).mean() < 0.6
+    differs = (fake != real).any(1)
+    assert 0.3 < differs.mean() < 0.9
+
+
+def test_generator_negatives_come_from_the_generator_distribution():
+    """Fills of a generator with fixed output logits b: the masked chars are distributed as
+    softmax(b / T), the rest of the window is untouched, and the mask id never appears."""
+    bias = np.array([2.0, 1.0, 0.0, -1.0, 0.5] + [-9.0] * 15, np.float32)
+    gen, params = constant_generator(bias=bias)
+    tokens = jnp.arange(1000, dtype=jnp.int32) % 20
+    real = judge_lib.random_windows(jax.random.PRNGKey(1), tokens, 4096, 12)
+    span = judge_lib.random_spans(jax.random.PRNGKey(2), 4096, 12, 1, 3)
+    for temp in (1.0, 0.5):
+        fake = judge_lib.generator_fill(jax.random.PRNGKey(3), gen, params, real, span, 20, temp)
+        fake, r, s = np.asarray(fake), np.asarray(real), np.asarray(span)
+        np.testing.assert_array_equal(fake[s == 0], r[s == 0])
+        freq = np.bincount(fake[s > 0], minlength=20) / (s > 0).sum()
+        want = np.exp(bias / temp) / np.exp(bias / temp).sum()
+        np.testing.assert_allclose(freq, want, atol=0.02)
+
+
+def test_generator_fill_reads_the_masked_window():
+    """The generator sees the mask token at the span (not the original chars): its fill
+    equals a direct sample from generator(masked window) with the same key."""
+    tokens = jnp.arange(200, dtype=jnp.int32) % 20
+    gen = Encoder(vocab_size=21, out_size=20, num_layers=1, d_model=16, max_len=12)
+    params = gen.init(jax.random.PRNGKey(5), jnp.zeros((1, 12), jnp.int32))["params"]
+    real = judge_lib.random_windows(jax.random.PRNGKey(1), tokens, 32, 12)
+    span = judge_lib.random_spans(jax.random.PRNGKey(2), 32, 12, 1, 3)
+    fake = judge_lib.generator_fill(jax.random.PRNGKey(3), gen, params, real, span, 20)
+    masked = jnp.where(span > 0, 20, real)
+    direct = jax.random.categorical(jax.random.PRNGKey(3), gen.apply({"params": params}, masked))
+    np.testing.assert_array_equal(np.asarray(fake), np.where(span > 0, direct, real))
+
+
+def test_corruption_names_are_validated_in_one_line(shakespeare_path, tmp_path):
+    cfg = get_config()
+    cfg.data.path = str(shakespeare_path)
+    cfg.judge.corruptions = "random,bogus"
+    with pytest.raises(ValueError, match="unknown corruption 'bogus'") as err:
+        build_task(cfg, "train_judge")
+    assert "\n" not in str(err.value)
+    cfg.judge.corruptions = "random,generator"
+    with pytest.raises(ValueError, match="needs judge.negatives_from"):
+        build_task(cfg, "train_judge")
+    cfg.judge.corruptions = "random,swap"
+    cfg.judge.negatives_from = str(tmp_path)
+    with pytest.raises(ValueError, match="lacks 'generator'"):
+        build_task(cfg, "train_judge")
+    cfg.judge.corruptions = "random,generator"  # a workdir with no checkpoint
+    with pytest.raises(ValueError, match="judge.negatives_from") as err:
+        build_task(cfg, "train_judge")
+    assert "\n" not in str(err.value)
 
 
 def test_refuses_data_without_mask_token(shakespeare_path, tmp_path):
@@ -141,8 +256,9 @@ def test_fill_in_run_keeps_judge_and_reference_frozen(
     train_row = [r for r in rows if "loss" in r][-1]
     for key in STEP_METRICS:
         assert key in train_row and np.isfinite(train_row[key]), key
-    for key in ("eval/fill_accuracy", "eval/sampled_fill_accuracy", "eval/judge_reward"):
+    for key in ("eval/fill_accuracy", "eval/sampled_fill_accuracy"):
         assert 0.0 <= last[key] <= 1.0, key
+    assert cfg.judge.reward == "logit" and np.isfinite(last["eval/judge_reward"])
     assert "eval/pass@4" in last
     assert (tmp_path / "checkpoints").is_dir()
     samples = (tmp_path / "samples.txt").read_text()

@@ -369,6 +369,27 @@ def test_exact_kl_and_entropy_match_reference(seed):
     )
 
 
+@pytest.mark.parametrize("seed", SEEDS)
+def test_exact_forward_kl_matches_reference(seed):
+    rng = np.random.default_rng(seed)
+    z = f32(rng.normal(size=(2, 3, 7)) * 2)
+    y = f32(np_log_softmax(rng.normal(size=(2, 3, 7))))
+    lp, lq = np_log_softmax(z), np_log_softmax(y)
+    q = np.exp(lq)
+    want = np.sum(q * (lq - lp), -1)  # KL(π_ref ‖ π), float64
+    fwd = jax.jit(obj.exact_forward_kl)
+    got = fwd(jnp.asarray(z), jnp.asarray(y))
+    chex.assert_shape(got, (2, 3))
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+    # the gradient in the policy logits is the soft-target cross-entropy's: π - π_ref
+    gz = jgrad(lambda a: jnp.sum(fwd(a, jnp.asarray(y))))(jnp.asarray(z))
+    np.testing.assert_allclose(gz, np.exp(lp) - q, rtol=1e-4, atol=1e-6)
+    # identical distributions: zero, never negative
+    same = np.asarray(fwd(jnp.asarray(z), jnp.asarray(z)))
+    assert np.all(same >= 0) and np.all(same < 1e-6)
+    assert obj.KL_CHOICES == ("exact", "exact_forward", "k1", "k2", "k3")
+
+
 def test_exact_kl_identical_is_zero_and_uniform_entropy():
     z = jnp.array([[3.0, -1.0, 0.5, 0.5], [100.0, 0.0, 0.0, 0.0]])
     kl = np.asarray(exact_kl(z, jax.nn.log_softmax(z)))

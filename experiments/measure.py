@@ -1,0 +1,44 @@
+"""Measurement helpers shared by experiments/benchmark.py and experiments/scaling.py."""
+
+import resource
+import time
+
+import jax
+
+
+def timed(fn, *args, runs=1):
+    """Calls fn(*args) `runs` times with block_until_ready; returns (last output, times)."""
+    times, out = [], None
+    for _ in range(runs):
+        t0 = time.perf_counter()
+        out = jax.block_until_ready(fn(*args))
+        times.append(time.perf_counter() - t0)
+    return out, times
+
+
+def memory(compiled):
+    """Device peak if the backend reports one, else the step executable's own estimate
+    (argument + output + temp - aliased, from XLA), else the process peak RSS."""
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux: KiB
+    out = {"process_peak_rss_bytes": int(rss)}
+    try:
+        ma = compiled.memory_analysis()
+    except Exception:  # not every backend implements it
+        ma = None
+    if ma is not None:
+        names = ("argument", "output", "temp", "alias", "generated_code")
+        sizes = {n: int(getattr(ma, f"{n}_size_in_bytes", 0)) for n in names}
+        out["executable_memory"] = sizes
+        out["executable_bytes"] = sizes["argument"] + sizes["output"] + sizes["temp"]
+        out["executable_bytes"] -= sizes["alias"]
+    stats = jax.devices()[0].memory_stats()
+    if stats and "peak_bytes_in_use" in stats:
+        out["peak_memory_bytes"] = int(stats["peak_bytes_in_use"])
+        out["peak_memory_source"] = "device.memory_stats()[peak_bytes_in_use]"
+    elif "executable_bytes" in out:
+        out["peak_memory_bytes"] = out["executable_bytes"]
+        out["peak_memory_source"] = "compiled.memory_analysis() argument+output+temp-alias"
+    else:
+        out["peak_memory_bytes"] = out["process_peak_rss_bytes"]
+        out["peak_memory_source"] = "process peak RSS (ru_maxrss)"
+    return out
