@@ -27,17 +27,13 @@ same in all three runs.
 
 from ml_collections import config_dict
 
+from grpo_jax import config_blocks as blocks
+
 SIZES = ("full", "tiny")
 
 
 def get_config(arg=None):
-    tokens = [t.strip() for t in (arg or "").split(",") if t.strip()]
-    unknown = [t for t in tokens if t not in SIZES]
-    if unknown:
-        raise ValueError(
-            f"unknown config variant {unknown[0]!r} for configs/fill_in.py; "
-            f"choose from {', '.join(SIZES)} (comma-separated)"
-        )
+    tokens = blocks.variant_tokens(arg, SIZES, "configs/fill_in.py")
 
     c = config_dict.ConfigDict()
     c.task = "fill_in"  # which task builder runs (grpo_jax/task.py TASKS)
@@ -116,23 +112,10 @@ def get_config(arg=None):
     c.eval.num_samples = 3  # masked / filled / original triples written to samples.txt
     c.eval.seed = 0  # seed of the held-out spans (fixed, whatever the training seed)
 
-    c.mesh = config_dict.ConfigDict()
-    c.mesh.data = -1  # devices on the data axis (-1 = all remaining); this task runs on one
-    c.mesh.vocab = 1  # devices on the vocabulary/group axis
-    c.mesh.shard_params = False  # FSDP-style: shard params/optimizer state over data
-
-    c.logging = config_dict.ConfigDict()
-    c.logging.tensorboard = True  # write TensorBoard event files to the workdir
-    c.logging.wandb = False  # also log to Weights & Biases (if installed)
-    c.logging.wandb_project = "grpo_jax"  # W&B project name
-    c.logging.progress = True  # console progress bar
-    c.logging.char_stats_every = 0  # per-first-char stats (shakespeare exhaustive only)
-
-    c.diagnostics = config_dict.ConfigDict()
-    c.diagnostics.kl_bound = 0.5  # warn when kl (per masked char, nats) exceeds this
-    c.diagnostics.reward_std_low = 0.05  # warn when the group reward std stays below ...
-    c.diagnostics.reward_std_high = 2.0  # ... or above this (judge probs lie in [0, 1])
-    c.diagnostics.patience = 20  # for this many consecutive logged steps
+    c.mesh = blocks.mesh_block()  # this task runs on one device
+    c.logging = blocks.logging_block(tensorboard=True)
+    # warn when kl (per masked char) > 0.5 or the group reward std stays < 0.05 (20 logged steps)
+    c.diagnostics = blocks.diagnostics_block(kl_bound=0.5, reward_std_low=0.05)
 
     if "full" in tokens:
         c.data.window_len = 64

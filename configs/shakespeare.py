@@ -12,22 +12,15 @@ Usage:
 
 from ml_collections import config_dict
 
+from grpo_jax import config_blocks as blocks
+
 GROUP_MODES = ("exhaustive", "sampled", "guided", "adaptive")
 SIZES = ("full", "tiny")
 
 
 def get_config(arg=None):
-    tokens = [t.strip() for t in (arg or "").split(",") if t.strip()]
-    unknown = [t for t in tokens if t not in GROUP_MODES + SIZES]
-    if unknown:
-        raise ValueError(
-            f"unknown config variant {unknown[0]!r} for configs/shakespeare.py; "
-            f"choose from {', '.join(GROUP_MODES + SIZES)} (comma-separated)"
-        )
-    modes = [t for t in tokens if t in GROUP_MODES] or ["exhaustive"]
-    if len(modes) > 1:
-        raise ValueError(f"config variants name two group modes {modes}; pick one")
-    mode = modes[0]
+    tokens = blocks.variant_tokens(arg, GROUP_MODES + SIZES, "configs/shakespeare.py")
+    mode = blocks.pick_one(tokens, GROUP_MODES, "exhaustive", "group modes")
 
     c = config_dict.ConfigDict()
     c.task = "shakespeare"  # which task builder runs (grpo_jax/tasks registry)
@@ -87,9 +80,15 @@ def get_config(arg=None):
     c.grpo.beta = 1.0
     c.grpo.epsilon = 0.2  # PPO clip (low side)
     c.grpo.epsilon_high = config_dict.placeholder(float)  # PPO clip high side; None -> epsilon
-    c.grpo.kl_estimator = "exact"  # exact | k1 | k2 | k3
+    # exact_forward: KL(π_ref ‖ π) summed over V at every generated position (gradient π − π_ref:
+    # mass-covering, distils the n-gram's context-aware predictions into a from-scratch policy;
+    # the reverse "exact" KL(π ‖ π_ref) is mode-seeking and from scratch lands on 17 % instead
+    # of 24 % held-out accuracy after 60 steps) | exact | k1 | k2 | k3 (sampled-token, reverse)
+    c.grpo.kl_estimator = "exact_forward"
     c.grpo.loss_agg = "sequence-mean-token-mean"  # see objective.AGGREGATIONS
-    c.grpo.num_iterations = 1  # mu: optimizer updates per batch of rollouts
+    # mu: optimizer updates per batch of rollouts. 2 learns more per CPU second than fresh
+    # rollouts do (the rollouts cost about as much as one update)
+    c.grpo.num_iterations = 2
     # group | batch | none. "none" keeps raw reward differences: normalised per-position
     # advantages of the continuations mostly reward matching a text the member has left.
     c.grpo.advantage_scale = "none"
@@ -106,8 +105,10 @@ def get_config(arg=None):
     c.optim.b2 = 0.99  # Adam beta2
 
     c.train = config_dict.ConfigDict()
-    c.train.batch_size = 4  # prompts per step (global across devices)
-    c.train.num_steps = 150  # GRPO steps (~10 min exhaustive on a 2-core CPU)
+    # prompts per step (global across devices). On a CPU budget more updates beat bigger
+    # batches: B=2 x 300 steps ends higher than B=4 x 150 (plain_config.md)
+    c.train.batch_size = 2
+    c.train.num_steps = 300  # GRPO steps (~10 min exhaustive on a quiet 2-core CPU)
     c.train.log_every = 5  # metrics cadence (host sync only here)
     c.train.eval_every = 50  # held-out evaluation cadence
     c.train.checkpoint_every = 50  # checkpoint cadence
@@ -122,28 +123,22 @@ def get_config(arg=None):
     c.pretrain.learning_rate = 3e-3  # supervised peak learning rate
 
     c.eval = config_dict.ConfigDict()
-    c.eval.num_windows = 256  # held-out windows per evaluation
+    # held-out windows per evaluation (x horizon predictions: 1024 x 70 keeps the accuracy's
+    # standard error near 0.2 points, small enough to compare with the n-gram baselines)
+    c.eval.num_windows = 1024
     c.eval.batch_size = 64  # windows per eval forward
     c.eval.pass_k = (1, 4)  # k values for eval/pass@k (first char right in k samples)
     c.eval.num_samples = 3  # decoded samples written to samples.txt per evaluation
+    # n-gram orders whose accuracy on the same eval windows is logged as
+    # eval/ngram{k}_next_char_accuracy (fitted on the train split; () = none)
+    c.eval.ngram_baselines = (1, 2, 3)
 
-    c.mesh = config_dict.ConfigDict()
-    c.mesh.data = -1  # devices on the data axis (-1 = all remaining)
-    c.mesh.vocab = 1  # devices on the vocabulary/group axis
-    c.mesh.shard_params = False  # FSDP-style: shard params/optimizer state over data
-
-    c.logging = config_dict.ConfigDict()
-    c.logging.tensorboard = True  # write TensorBoard event files to the workdir
-    c.logging.wandb = False  # also log to Weights & Biases (if installed)
-    c.logging.wandb_project = "grpo_jax"  # W&B project name
-    c.logging.progress = True  # console progress bar
-    c.logging.char_stats_every = 25  # exhaustive: per-first-char stats cadence (0 = off)
-
-    c.diagnostics = config_dict.ConfigDict()
-    c.diagnostics.kl_bound = 0.1  # warn when kl exceeds this
-    c.diagnostics.reward_std_low = 0.3  # warn when the group reward std stays below ...
-    c.diagnostics.reward_std_high = 2.0  # ... or above this
-    c.diagnostics.patience = 20  # for this many consecutive logged steps
+    c.mesh = blocks.mesh_block()  # devices: mesh.data x mesh.vocab, see grpo_jax/sharding.py
+    c.logging = blocks.logging_block(tensorboard=True, char_stats_every=25)
+    # warn when kl > 0.1 or the group reward std stays outside [0.3, 2.0] for 20 logged steps.
+    # From scratch the KL to the trigram starts near 2 nats/char and settles around 0.5, so the
+    # plain config warns early on purpose: its policy is far from the reference
+    c.diagnostics = blocks.diagnostics_block()
 
     if mode == "sampled":
         c.group.size = 4
@@ -178,6 +173,7 @@ def get_config(arg=None):
         c.pretrain.seq_len = 24
         c.pretrain.num_steps = 3
         c.eval.num_windows = 8
+        c.eval.ngram_baselines = (2,)
         c.eval.batch_size = 8
         c.logging.progress = False
         c.logging.char_stats_every = 1

@@ -14,22 +14,15 @@ seed, before GRPO starts (a few seconds on a CPU); there is no separate mode for
 
 from ml_collections import config_dict
 
+from grpo_jax import config_blocks as blocks
+
 REWARDS = ("rm", "rlvr")
 SIZES = ("tiny",)
 
 
 def get_config(arg=None):
-    tokens = [t.strip() for t in (arg or "").split(",") if t.strip()]
-    unknown = [t for t in tokens if t not in REWARDS + SIZES]
-    if unknown:
-        raise ValueError(
-            f"unknown config variant {unknown[0]!r} for configs/toy_bandit.py; "
-            f"choose from {', '.join(REWARDS + SIZES)} (comma-separated)"
-        )
-    rewards = [t for t in tokens if t in REWARDS] or ["rm"]
-    if len(rewards) > 1:
-        raise ValueError(f"config variants name two rewards {rewards}; pick one")
-    reward = rewards[0]
+    tokens = blocks.variant_tokens(arg, REWARDS + SIZES, "configs/toy_bandit.py")
+    reward = blocks.pick_one(tokens, REWARDS, "rm", "rewards")
 
     c = config_dict.ConfigDict()
     c.task = "toy_bandit"  # which task builder runs (grpo_jax/task.py TASKS)
@@ -91,23 +84,10 @@ def get_config(arg=None):
     c.eval = config_dict.ConfigDict()
     c.eval.pass_k = (1, 4)  # k values for eval/pass@k (best token among k samples, exact)
 
-    c.mesh = config_dict.ConfigDict()
-    c.mesh.data = -1  # devices on the data axis (-1 = all remaining); the toy runs on one
-    c.mesh.vocab = 1  # devices on the vocabulary/group axis
-    c.mesh.shard_params = False  # FSDP-style: shard params/optimizer state over data
-
-    c.logging = config_dict.ConfigDict()
-    c.logging.tensorboard = False  # write TensorBoard event files to the workdir
-    c.logging.wandb = False  # also log to Weights & Biases (if installed)
-    c.logging.wandb_project = "grpo_jax"  # W&B project name
-    c.logging.progress = True  # console progress bar
-    c.logging.char_stats_every = 0  # per-first-char stats (shakespeare exhaustive only)
-
-    c.diagnostics = config_dict.ConfigDict()
-    c.diagnostics.kl_bound = 1.5  # warn when kl exceeds this (the optimum is far from SFT here)
-    c.diagnostics.reward_std_low = 0.3  # warn when the group reward std stays below ...
-    c.diagnostics.reward_std_high = 2.0  # ... or above this
-    c.diagnostics.patience = 20  # for this many consecutive logged steps
+    c.mesh = blocks.mesh_block()  # the toy runs on one device
+    c.logging = blocks.logging_block(tensorboard=False)
+    # warn when kl > 1.5 (the optimum is far from SFT here) or the reward std stays < 0.3
+    c.diagnostics = blocks.diagnostics_block(kl_bound=1.5, reward_std_low=0.3)
 
     if "tiny" in tokens:
         c.toy.sft.num_steps = 200

@@ -98,7 +98,10 @@ def make_collect(config, model, vocab_size, reference, reward_fn, member_map=Non
     per_token_adv = bool(config.reward.per_token)
     discount = float(config.reward.get("discount", 1.0))
     if not 0.0 <= discount <= 1.0:
-        raise ValueError(f"reward.discount={discount} must lie in [0, 1]")
+        raise ValueError(
+            f"reward.discount={discount} must lie in [0, 1]; "
+            "pass --config.reward.discount=γ with 0 <= γ <= 1"
+        )
     cont_token_adv = True  # continuation tokens: per-position group baseline (see loss.py)
     needs_ref = reference is not None
 

@@ -195,6 +195,19 @@ def next_char_accuracy(lm: NgramLM, tokens: np.ndarray, chunk: int = 1 << 16) ->
     return correct / n
 
 
+def window_hits(lm: NgramLM, context: np.ndarray, target: np.ndarray) -> np.ndarray:
+    """bool [W, H]: the n-gram's argmax next char equals target, each target char given its
+    true history in the window (context [W, C], target [W, H])."""
+    full = jnp.asarray(np.concatenate([context, target], axis=1), jnp.int32)
+    pred = np.asarray(_argmax_next(lm, full[:, :-1]))[:, context.shape[1] - 1 :]
+    return pred == np.asarray(target)
+
+
+def window_accuracy(lm: NgramLM, context: np.ndarray, target: np.ndarray) -> float:
+    """The n-gram's figure on exactly the windows a policy's eval/next_char_accuracy uses."""
+    return float(window_hits(lm, context, target).mean())
+
+
 # --- references as the train step sees them --------------------------------------------------
 
 KINDS = ("ngram", "policy", "none")

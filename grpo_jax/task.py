@@ -89,10 +89,19 @@ def build_shakespeare(config, mode: str = "train") -> Task:
     eval_core = jax.jit(eval_lib.make_eval_fn(model, c, h, ev_bs, tuple(config.eval.pass_k)))
     ev_ctx_d, ev_tgt_d = jnp.asarray(ev_ctx), jnp.asarray(ev_tgt)
 
+    # The n-gram baselines scored on the same windows, logged beside the policy's accuracy so
+    # that "above the bigram" is a comparison on identical predictions, not across samples.
+    baselines = {
+        f"eval/ngram{k}_next_char_accuracy": reference.window_accuracy(
+            reference.fit_ngram(corpus.train, vocab.size, k), ev_ctx, ev_tgt
+        )
+        for k in config.eval.get("ngram_baselines", ())
+    }
+
     def evaluate(params):
         res = eval_core(params, ev_ctx_d, ev_tgt_d)
         scalars, best, text = eval_lib.summarize(res, vocab, ev_ctx, config.eval.num_samples)
-        return scalars, {"samples": text, "best_char": best}
+        return {**scalars, **baselines}, {"samples": text, "best_char": best}
 
     train_tokens = jnp.asarray(corpus.train)
     pretraining = mode == "pretrain"

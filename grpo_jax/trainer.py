@@ -186,13 +186,19 @@ def _write_char_stats(workdir, step, stats, vocab):
         f.write(json.dumps(row) + "\n")
 
 
-def evaluate_only(config, workdir: str):
-    """--mode=eval: evaluate the latest checkpoint in workdir (or init_from / a fresh init)."""
-    task = build_task(config, "eval")
+def restore_params(config, workdir: str, task=None):
+    """The params of the latest checkpoint in workdir (else init_from / a fresh init)."""
+    task = task or build_task(config, "eval")
     params = initial_params(config, task)
     workdir = ckpt_lib.ensure_workdir(workdir)
     ckpt = ckpt_lib.Checkpointer(workdir / "checkpoints", keep=config.train.keep_checkpoints)
     if ckpt.latest_step() is not None:
         params = ckpt.restore(task.make_state(params)).params
     ckpt.close()
-    return task.evaluate(params)
+    return params
+
+
+def evaluate_only(config, workdir: str):
+    """--mode=eval: evaluate the latest checkpoint in workdir (or init_from / a fresh init)."""
+    task = build_task(config, "eval")
+    return task.evaluate(restore_params(config, workdir, task))

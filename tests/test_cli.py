@@ -93,6 +93,18 @@ BAD_INPUT = {
         [f"{CONFIG}:tiny", "--config.data.path=/nonexistent"],
         ["/nonexistent", "--config.data.path"],
     ),
+    "train_judge_without_judge": (
+        [f"{CONFIG}:tiny", "--mode=train_judge"],
+        ["--mode=train_judge", "task=fill_in"],
+    ),
+    "discount_out_of_range": (
+        [f"{CONFIG}:tiny", "--config.reward.discount=1.5"],
+        ["reward.discount=1.5", "0 <= γ <= 1"],
+    ),
+    "unknown_kl_estimator": (
+        [f"{CONFIG}:tiny", "--config.grpo.kl_estimator=bogus"],
+        ["grpo.kl_estimator='bogus'", "exact_forward"],
+    ),
     "unknown_config_field": (
         [f"{CONFIG}:tiny", "--config.group.nothere=3"],
         ["'nothere'", "--config.*"],
@@ -144,6 +156,10 @@ def test_tiny_config_trains_to_completion(tiny_run):
     rows = read_metrics(workdir)
     assert [r["step"] for r in rows if "loss" in r] == [1, 2, 3, 4]
     assert any("eval/val_loss" in r and r["step"] == 4 for r in rows)
+    # the n-gram baseline on the same eval windows sits beside the policy's accuracy
+    assert all(
+        0.0 <= r["eval/ngram2_next_char_accuracy"] <= 1.0 for r in rows if "eval/val_loss" in r
+    )
     assert sorted(int(p.name) for p in (workdir / "checkpoints").iterdir()) == [2, 4]
 
 

@@ -82,6 +82,21 @@ def test_rollout_equals_logprobs_of_concatenation(small_train, order, context_le
             )
 
 
+@pytest.mark.parametrize("order", [1, 2, 3])
+def test_window_accuracy_matches_oracle_argmax(small_train, order):
+    """The eval-window baseline scores only the target chars, each given its true history."""
+    lm = reference.fit_ngram(small_train, V, order, smoothing=0.3)
+    rng = np.random.default_rng(10 + order)
+    context = rng.integers(0, V, size=(4, 6)).astype(np.int32)
+    target = rng.integers(0, V, size=(4, 5)).astype(np.int32)
+    hits = []
+    for ctx, tgt in zip(context, target, strict=True):
+        full = np.concatenate([ctx, tgt])
+        lp = oracle_logprobs(small_train, V, order, 0.3, full[:-1])  # row i predicts full[i+1]
+        hits += list(np.argmax(lp, -1)[len(ctx) - 1 :] == tgt)
+    assert reference.window_accuracy(lm, context, target) == pytest.approx(np.mean(hits))
+
+
 def test_fit_rejects_bad_orders(small_train):
     for order in (0, 6):
         with pytest.raises(ValueError, match="ngram_order"):

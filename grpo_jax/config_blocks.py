@@ -1,0 +1,58 @@
+"""Config pieces every task's config file shares: variant parsing and the run-plumbing blocks.
+
+The config files in configs/ keep every field that defines an experiment (data, model, group,
+reward, objective, optimizer, schedule) with its own comment; the blocks here are the fields
+that only say where a run executes and how it reports (mesh, logging, diagnostics), documented
+once so that the three tasks cannot drift apart. Each block takes the values that differ by
+task as arguments.
+"""
+
+from ml_collections import config_dict
+
+
+def variant_tokens(arg, allowed, config_file):
+    """Splits get_config's ``arg`` ("a,b") and rejects tokens not in ``allowed`` in one line."""
+    tokens = [t.strip() for t in (arg or "").split(",") if t.strip()]
+    unknown = [t for t in tokens if t not in allowed]
+    if unknown:
+        raise ValueError(
+            f"unknown config variant {unknown[0]!r} for {config_file}; "
+            f"choose from {', '.join(allowed)} (comma-separated)"
+        )
+    return tokens
+
+
+def pick_one(tokens, options, default, what):
+    """The one token of ``options`` in ``tokens`` (``default`` when none); two is an error."""
+    chosen = [t for t in tokens if t in options] or [default]
+    if len(chosen) > 1:
+        raise ValueError(f"config variants name two {what} {chosen}; pick one")
+    return chosen[0]
+
+
+def mesh_block():
+    m = config_dict.ConfigDict()
+    m.data = -1  # devices on the data axis (-1 = all remaining)
+    m.vocab = 1  # devices on the vocabulary/group axis
+    m.shard_params = False  # FSDP-style: shard params/optimizer state over data
+    return m
+
+
+def logging_block(tensorboard=True, char_stats_every=0):
+    lg = config_dict.ConfigDict()
+    lg.tensorboard = tensorboard  # write TensorBoard event files to the workdir
+    lg.wandb = False  # also log to Weights & Biases (if installed)
+    lg.wandb_project = "grpo_jax"  # W&B project name
+    lg.progress = True  # console progress bar
+    # per-first-char stats and heatmap cadence (shakespeare exhaustive groups only; 0 = off)
+    lg.char_stats_every = char_stats_every
+    return lg
+
+
+def diagnostics_block(kl_bound=0.1, reward_std_low=0.3, reward_std_high=2.0, patience=20):
+    d = config_dict.ConfigDict()
+    d.kl_bound = kl_bound  # warn when kl (nats per generated token) exceeds this
+    d.reward_std_low = reward_std_low  # warn when the group reward std stays below ...
+    d.reward_std_high = reward_std_high  # ... or above this
+    d.patience = patience  # for this many consecutive logged steps
+    return d
