@@ -13,12 +13,11 @@ The LAST printed line is one JSON object (also appended to --out when given).
 
 import json
 import statistics
-import time
 
 import jax
 import jax.numpy as jnp
 from absl import app, flags
-from measure import memory, timed
+from measure import memory, time_train_step, timed
 from ml_collections import config_flags
 
 from grpo_jax import data as data_lib
@@ -90,16 +89,9 @@ def main(argv):
         state = task.make_state(params0)
         jstep = jax.jit(step_fn, donate_argnums=0)
 
-    t0 = time.perf_counter()
-    compiled = jstep.lower(state, inputs).compile()
-    compile_s = time.perf_counter() - t0
-    for _ in range(FLAGS.warmup):
-        state, _ = jax.block_until_ready(compiled(state, inputs))
-    times = []
-    for _ in range(FLAGS.steps):
-        t0 = time.perf_counter()
-        state, metrics = jax.block_until_ready(compiled(state, inputs))
-        times.append(time.perf_counter() - t0)
+    compiled, state, metrics, compile_s, times = time_train_step(
+        jstep, state, inputs, FLAGS.warmup, FLAGS.steps
+    )
     med = statistics.median(times)
     mem = memory(compiled)  # before the breakdown allocates anything else
     per_dev_peak = [(d.memory_stats() or {}).get("peak_bytes_in_use") for d in jax.devices()]

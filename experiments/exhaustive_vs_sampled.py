@@ -10,7 +10,7 @@ workdir per run). Seeds run sequentially (one process, one run at a time). Write
   exhaustive_vs_sampled.json      every run's raw figures and eval curves
   exhaustive_vs_sampled_<metric>.png   learning curves, mean ± std band over seeds vs step
 
-The committed CPU-sized run (2 busy cores, ~20 min for all nine runs):
+The committed CPU-sized run (2 cores, ~20 min for all nine runs):
 
   GRPO_JAX_DATA=/work/shared/data/tinyshakespeare.txt python experiments/exhaustive_vs_sampled.py \
       --config=configs/shakespeare.py --seeds=3 --modes=sampled,exhaustive,guided \
@@ -19,8 +19,9 @@ The committed CPU-sized run (2 busy cores, ~20 min for all nine runs):
       --steps=100 --config.train.eval_every=20 --config.train.log_every=5 \
       --workdir_root=/tmp/exhaustive_vs_sampled
 
-(lr 3e-3, β 1.0, advantage_scale none: the config file's defaults since the plain config's
-retune; older runs passed --config.optim.learning_rate=3e-3 --config.grpo.beta=1.0.)
+(Everything else is the config file's defaults: lr 3e-3, β 1.0, advantage_scale none, the
+forward exact KL to the trigram and μ = 2 since the plain config's second retune; runs before
+it used the reverse exact KL and μ = 1.)
 
 On one GPU/TPU (``full`` size: 6x384 model, B=32, 2000 steps, 1024 eval windows):
 
@@ -318,12 +319,14 @@ def write_markdown(raw, configs, pngs):
         "would not be much faster).",
         f"- Command: `{raw['command']}`",
         f"- Config overrides (all modes): `{json.dumps(raw['overrides'])}`",
-        f"- Steps per run: {any_cfg.train.num_steps} optimizer steps (grpo.num_iterations="
-        f"{any_cfg.grpo.num_iterations}), batch {any_cfg.train.batch_size} prompts, context "
+        f"- Steps per run: {any_cfg.train.num_steps} GRPO steps, each "
+        f"{any_cfg.grpo.num_iterations} optimizer update(s) (grpo.num_iterations) on one "
+        f"batch of rollouts, batch {any_cfg.train.batch_size} prompts, context "
         f"{any_cfg.data.context_len}, horizon {any_cfg.data.horizon}; model "
         f"{any_cfg.model.num_layers} layers × {any_cfg.model.num_heads} heads × "
         f"{any_cfg.model.d_model}; lr {any_cfg.optim.learning_rate}, β {any_cfg.grpo.beta}, "
-        f"reference {any_cfg.reference.kind} (n={any_cfg.reference.ngram_order}), reward "
+        f"reference {any_cfg.reference.kind} (n={any_cfg.reference.ngram_order}, KL "
+        f"`{any_cfg.grpo.kl_estimator}`), reward "
         f"`{any_cfg.reward.terms}`, exhaustive estimator `{any_cfg.grpo.exhaustive_estimator}`; "
         f"eval on {any_cfg.eval.num_windows} held-out val windows every "
         f"{any_cfg.train.eval_every} steps.",

@@ -16,6 +16,22 @@ def timed(fn, *args, runs=1):
     return out, times
 
 
+def time_train_step(jitted_step, state, inputs, warmup: int, steps: int):
+    """Compiles a jitted (donating) train step, runs `warmup` untimed and `steps` timed steps.
+
+    Returns (compiled, state, last metrics, compile seconds, per-step seconds)."""
+    t0 = time.perf_counter()
+    compiled = jitted_step.lower(state, inputs).compile()
+    compile_s = time.perf_counter() - t0
+    for _ in range(warmup):
+        state, _ = jax.block_until_ready(compiled(state, inputs))
+    times, metrics = [], None
+    for _ in range(steps):  # one call per timing: each step consumes the state it is given
+        (state, metrics), t = timed(compiled, state, inputs)
+        times += t
+    return compiled, state, metrics, compile_s, times
+
+
 def memory(compiled):
     """Device peak if the backend reports one, else the step executable's own estimate
     (argument + output + temp - aliased, from XLA), else the process peak RSS."""

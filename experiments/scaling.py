@@ -16,9 +16,9 @@ Each V runs in its own subprocess, so the process peak RSS is that V's own. Memo
 ``device.memory_stats()["peak_bytes_in_use"]``; on CPU the step executable's
 ``compiled.memory_analysis()`` argument + output + temp (- aliased), plus the process peak RSS.
 
-This CPU's run (2 cores, shared):
+This CPU's run (2 cores), each V all at once and chunked (``V:chunk``):
 
-  python experiments/scaling.py --vocab_sizes=65,256 --warmup=1 --steps=2
+  python experiments/scaling.py --vocab_sizes=65,65:13,256,256:32 --warmup=1 --steps=2
 
 On one GPU (H100/H200), the full table:
 
@@ -35,13 +35,12 @@ import shlex
 import statistics
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import jax
 import jax.numpy as jnp
 from absl import app, flags
-from measure import memory
+from measure import memory, time_train_step
 from ml_collections import config_flags
 
 from grpo_jax import groups, rewards
@@ -59,7 +58,11 @@ FLAGS = flags.FLAGS
 config_flags.DEFINE_config_file(
     "config", "configs/shakespeare.py:exhaustive", "Config file (model, group, grpo settings)."
 )
-flags.DEFINE_list("vocab_sizes", ["65", "256", "1000", "50000"], "Vocabulary sizes V to run.")
+flags.DEFINE_list(
+    "vocab_sizes",
+    ["65", "256", "1000", "50000"],
+    "Runs as V or V:chunk (a V may appear with several chunks, e.g. 65,65:13).",
+)
 flags.DEFINE_string(
     "chunk_for_v", "1000:250,50000:500", "group.vocab_chunk per V as V:chunk,...; unlisted: 0."
 )
@@ -73,7 +76,7 @@ flags.DEFINE_string("out_dir", "experiments/results", "Where the table and JSON 
 flags.DEFINE_string("name", "scaling", "Basename of the output files.")
 flags.DEFINE_string("note", "", "A line appended to the markdown (e.g. earlier runs' times).")
 flags.DEFINE_bool("report_only", False, "Only re-render the markdown from <out_dir>/<name>.json.")
-flags.DEFINE_integer("one_v", 0, "Internal: measure this V in this process, print one JSON line.")
+flags.DEFINE_string("one_run", "", "Internal: measure V:chunk in this process, print JSON.")
 
 GUIDE = {  # V -> (feasible?, memory GB, time/iteration) as the guide states them
     65: ("yes", "12", "6 s"),
@@ -92,10 +95,20 @@ def parse_chunks(spec: str) -> dict:
     return out
 
 
-def step_config(v: int):
+def parse_runs(entries) -> list:
+    """--vocab_sizes entries "V" or "V:chunk" -> [(V, chunk)]; a bare V takes --chunk_for_v."""
+    chunks = parse_chunks(FLAGS.chunk_for_v)
+    runs = []
+    for item in entries:
+        v, _, c = str(item).partition(":")
+        runs.append((int(v), int(c) if c else chunks.get(int(v), 0)))
+    return runs
+
+
+def step_config(v: int, chunk: int):
     config = FLAGS.config
     config.group.mode = "exhaustive"
-    config.group.vocab_chunk = parse_chunks(FLAGS.chunk_for_v).get(v, 0)
+    config.group.vocab_chunk = chunk
     config.train.batch_size = FLAGS.batch_size
     config.data.context_len = FLAGS.context_len
     config.data.horizon = FLAGS.horizon
@@ -104,8 +117,8 @@ def step_config(v: int):
     return config
 
 
-def measure(v: int) -> dict:
-    config = step_config(v)
+def measure(v: int, chunk: int) -> dict:
+    config = step_config(v, chunk)
     c, h = config.data.context_len, config.data.horizon
     max_len = config.model.max_len or c + h
     model = make_model(config.model, v, max_len)
@@ -119,16 +132,9 @@ def measure(v: int) -> dict:
     inputs = StepInputs(tokens, None)
 
     load_before = os.getloadavg()
-    t0 = time.perf_counter()
-    compiled = jax.jit(step, donate_argnums=0).lower(state, inputs).compile()
-    compile_s = time.perf_counter() - t0
-    for _ in range(FLAGS.warmup):
-        state, metrics = jax.block_until_ready(compiled(state, inputs))
-    times = []
-    for _ in range(FLAGS.steps):
-        t0 = time.perf_counter()
-        state, metrics = jax.block_until_ready(compiled(state, inputs))
-        times.append(time.perf_counter() - t0)
+    compiled, state, metrics, compile_s, times = time_train_step(
+        jax.jit(step, donate_argnums=0), state, inputs, FLAGS.warmup, FLAGS.steps
+    )
     med = statistics.median(times)
     gen = float(metrics["generated_tokens"])
     dev = jax.devices()[0]
@@ -144,6 +150,7 @@ def measure(v: int) -> dict:
         f"{config.model.dtype}",
         "train_continuations": bool(config.group.train_continuations),
         "exhaustive_estimator": config.grpo.exhaustive_estimator,
+        "num_iterations": int(config.grpo.num_iterations),
         "compile_s": compile_s,
         "step_times_s": times,
         "median_step_s": med,
@@ -173,7 +180,7 @@ def write_outputs(results: dict, device: str, command: str | None = None):
         "command": command or command_line(),
         "overrides": dict(config_flags.get_override_values(FLAGS["config"])),
         "guide_claims": {str(k): v for k, v in GUIDE.items()},
-        "results": {str(k): v for k, v in results.items()},
+        "results": {f"{v}:{c}": r for (v, c), r in results.items()},
     }
     (out_dir / f"{FLAGS.name}.json").write_text(json.dumps(raw, indent=1))
     any_r = next((r for r in results.values() if "median_step_s" in r), {})
@@ -188,7 +195,9 @@ def write_outputs(results: dict, device: str, command: str | None = None):
         f"{FLAGS.context_len}; model {any_r.get('model', '?')}; synthetic data (uniform "
         "random int32 tokens in [0, V)); reward `match`; "
         f"estimator `{any_r.get('exhaustive_estimator', '?')}`, train_continuations="
-        f"{any_r.get('train_continuations', '?')}; {FLAGS.warmup} warm-up + {FLAGS.steps} "
+        f"{any_r.get('train_continuations', '?')}; "
+        f"{any_r.get('num_iterations', 1)} optimizer update(s) per rollout (grpo.num_iterations); "
+        f"{FLAGS.warmup} warm-up + {FLAGS.steps} "
         "timed steps, median reported.",
         "- **No reference model** (`reference=None`): the step has no KL term, so the exact "
         "KL over V at the decision point (and the reference's [B, V, H, V] log-probs) is "
@@ -207,9 +216,10 @@ def write_outputs(results: dict, device: str, command: str | None = None):
         "before → after |",
         "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
-    for v in sorted(set(GUIDE) | set(results)):
+    rows = sorted(results) + [(v, None) for v in GUIDE if v not in {k[0] for k in results}]
+    for v, chunk in sorted(rows, key=lambda k: (k[0], k[1] if k[1] is not None else -1)):
         g = GUIDE.get(v, ("–", "–", "–"))
-        r = results.get(v)
+        r = results.get((v, chunk))
         if r is None or "median_step_s" not in r:
             why = r["error"] if r else "not run"
             if r is None and v > 256:
@@ -249,27 +259,29 @@ def main(argv):
         raise app.UsageError(f"unexpected arguments: {argv[1:]}")
     if FLAGS.report_only:
         raw = json.loads((Path(FLAGS.out_dir) / f"{FLAGS.name}.json").read_text())
-        results = {int(k): v for k, v in raw["results"].items()}
+        results = {}
+        for key, r in raw["results"].items():  # "V:chunk" (older files: "V")
+            v, _, c = key.partition(":")
+            results[(int(v), int(c) if c else int(r.get("vocab_chunk", 0)))] = r
         args = [a for a in shlex.split(raw["command"]) if not a.startswith("--note")]
         print(write_outputs(results, raw["device"], shlex.join(args)))
         return
-    if FLAGS.one_v:
-        print(json.dumps(measure(FLAGS.one_v)), flush=True)
+    if FLAGS.one_run:
+        print(json.dumps(measure(*parse_runs([FLAGS.one_run])[0])), flush=True)
         return
     results = {}
     env = dict(os.environ)
-    for v in map(int, FLAGS.vocab_sizes):
-        cmd = [sys.executable, os.path.abspath(__file__), *sys.argv[1:], f"--one_v={v}"]
-        print(f"V={v}: {shlex.join(cmd)}", flush=True)
+    for v, chunk in parse_runs(FLAGS.vocab_sizes):
+        cmd = [sys.executable, os.path.abspath(__file__), *sys.argv[1:], f"--one_run={v}:{chunk}"]
+        print(f"V={v} chunk={chunk}: {shlex.join(cmd)}", flush=True)
         proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
         lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
         if proc.returncode or not lines:
             err = (proc.stderr.strip().splitlines() or ["no output"])[-1][:200]
             print(f"  failed: {err}", flush=True)
-            results[v] = {"vocab_size": v, "error": f"failed: {err}"}
+            results[(v, chunk)] = {"vocab_size": v, "error": f"failed: {err}"}
             continue
-        results[v] = json.loads(lines[-1])
-        r = results[v]
+        r = results[(v, chunk)] = json.loads(lines[-1])
         print(
             f"  median {r['median_step_s']:.2f}s/step, executable "
             f"{fmt_bytes(r.get('executable_bytes', 0))}, RSS "

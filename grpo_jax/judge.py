@@ -39,7 +39,7 @@ import orbax.checkpoint as ocp
 
 from grpo_jax import checkpoint as ckpt_lib
 from grpo_jax.encoder import SCORE_HEAD, Encoder
-from grpo_jax.train_step import TrainState, keep_if_finite
+from grpo_jax.train_step import TrainState, supervised_update
 
 CORRUPTIONS = ("random", "unigram", "bigram", "swap", "generator")
 
@@ -204,17 +204,7 @@ def make_judge_step(config, model, tx, schedule, kinds, vocab_size, gen_fill=Non
         x = jnp.concatenate([real, fake])
         y = jnp.concatenate([jnp.ones_like(real), (fake == real)]).astype(jnp.float32)
         (loss, acc), grads = jax.value_and_grad(loss_fn, has_aux=True)(state.params, x, y)
-        updates, opt_state = tx.update(grads, state.opt_state, state.params)
-        finite = jnp.isfinite(loss)
-        params = keep_if_finite(finite, optax.apply_updates(state.params, updates), state.params)
-        opt_state = keep_if_finite(finite, opt_state, state.opt_state)
-        metrics = {
-            "loss": loss,
-            "train_accuracy": acc,
-            "grad_norm": optax.tree.norm(grads),
-            "learning_rate": schedule(state.step),
-        }
-        return TrainState(state.step + 1, params, opt_state, state.rng), metrics
+        return supervised_update(state, loss, acc, grads, tx, schedule)
 
     return step
 

@@ -6,7 +6,7 @@ import jax.numpy as jnp
 import optax
 
 from grpo_jax import data as data_lib
-from grpo_jax.train_step import StepInputs, TrainState, keep_if_finite
+from grpo_jax.train_step import StepInputs, TrainState, supervised_update
 
 
 def seq_len(config, max_len: int) -> int:
@@ -31,16 +31,6 @@ def make_pretrain_step(config, model, tx, schedule):
         k_data, k_drop = jax.random.split(key)
         x, y = data_lib.lm_batch(k_data, inputs.train_tokens, b, seq)
         (loss, acc), grads = jax.value_and_grad(loss_fn, has_aux=True)(state.params, x, y, k_drop)
-        updates, opt_state = tx.update(grads, state.opt_state, state.params)
-        finite = jnp.isfinite(loss)
-        params = keep_if_finite(finite, optax.apply_updates(state.params, updates), state.params)
-        opt_state = keep_if_finite(finite, opt_state, state.opt_state)
-        metrics = {
-            "loss": loss,
-            "train_accuracy": acc,
-            "grad_norm": optax.tree.norm(grads),
-            "learning_rate": schedule(state.step),
-        }
-        return TrainState(state.step + 1, params, opt_state, state.rng), metrics
+        return supervised_update(state, loss, acc, grads, tx, schedule)
 
     return step

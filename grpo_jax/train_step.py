@@ -74,6 +74,22 @@ def keep_if_finite(finite, new, old):
     return jax.tree.map(lambda n, o: jnp.where(finite, n, o), new, old)
 
 
+def supervised_update(state: TrainState, loss, accuracy, grads, tx, schedule):
+    """One optimizer step of a supervised objective (pretraining, the judge), skipped when the
+    loss is not finite; returns (next state, the metrics every supervised mode logs)."""
+    updates, opt_state = tx.update(grads, state.opt_state, state.params)
+    finite = jnp.isfinite(loss)
+    params = keep_if_finite(finite, optax.apply_updates(state.params, updates), state.params)
+    opt_state = keep_if_finite(finite, opt_state, state.opt_state)
+    metrics = {
+        "loss": loss,
+        "train_accuracy": accuracy,
+        "grad_norm": optax.tree.norm(grads),
+        "learning_rate": schedule(state.step),
+    }
+    return TrainState(state.step + 1, params, opt_state, state.rng), metrics
+
+
 def init_state(params, tx, seed: int) -> TrainState:
     return TrainState(jnp.zeros((), jnp.int32), params, tx.init(params), jax.random.PRNGKey(seed))
 
