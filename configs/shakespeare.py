@@ -55,9 +55,13 @@ def get_config(arg=None):
     c.group.top_k = 0  # sample from the top-k chars only (0 = off)
     c.group.top_p = 1.0  # nucleus sampling mass (1.0 = off)
     c.group.continuations_per_action = 1  # rollouts per forced first action
-    # members per chunk of the rollout and of the loss's training forward (0 = all at once):
-    # bounds peak memory by the chunk instead of the group (needed for large V)
+    # members per chunk of the rollout (0 = all at once): bounds peak memory by the chunk
+    # instead of the group (needed for large V); the result does not depend on it
     c.group.vocab_chunk = 0
+    # members per chunk of the loss's training forward (0 = the same as vocab_chunk). Its
+    # [B, chunk, H, V] logits are H times the rollout's per-step [B*chunk, V], so at large V
+    # (50k) it wants a much smaller chunk than the rollout, which is fastest in few big chunks
+    c.group.loss_chunk = 0
     c.group.train_continuations = True  # also train tokens after the decision point
     c.group.entropy_threshold = 2.0  # adaptive: exhaustive where policy entropy (nats) exceeds it
     c.group.guide = "reference"  # guided: who ranks candidates: reference | policy

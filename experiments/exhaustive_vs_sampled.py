@@ -3,8 +3,11 @@
 Every mode starts from the same init per seed (``config.seed`` = the run's seed drives both
 the init and the step keys, or every run loads ``--config.init_from``) and takes the same
 number of optimizer steps through the library's trainer (``trainer.train_and_evaluate``, one
-workdir per run). Seeds run sequentially (one process, one run at a time). Writes, under
-``--out_dir``:
+workdir per run), seeds one after another; or, with ``--vmap_seeds``, all seeds of a mode
+as one program (``sharding.make_multi_seed_step``: the train step vmapped over a leading seed
+axis of the state, purejaxrl-style; the same figures as separate runs, tested to 1e-5 in
+tests/test_sharding.py) with a lean loop here: no checkpoints, no char heatmap. Writes,
+under ``--out_dir``:
 
   exhaustive_vs_sampled.md        the table (mean ± std over seeds, and min–max), device, command
   exhaustive_vs_sampled.json      every run's raw figures and eval curves
@@ -35,7 +38,6 @@ comes from ``--modes`` (each mode uses the file's ``:<mode>`` variant, e.g. ``:s
 G=4); ``--config.x=y`` overrides apply to every mode.
 """
 
-import importlib.util
 import json
 import os
 import shlex
@@ -51,8 +53,8 @@ import numpy as np
 from absl import app, flags, logging
 from ml_collections import config_dict, config_flags
 
+from grpo_jax import config_blocks, groups, plots, sharding, trainer
 from grpo_jax import data as data_lib
-from grpo_jax import plots, trainer
 from grpo_jax import rollout as ro
 from grpo_jax import task as task_lib
 from grpo_jax.metric_writers import read_metrics
@@ -73,6 +75,9 @@ flags.DEFINE_bool(
 )
 flags.DEFINE_string("note", "", "Text for an 'Observations' section of the markdown.")
 flags.DEFINE_bool("fresh", True, "Delete an existing run workdir first (else the trainer resumes).")
+flags.DEFINE_bool(
+    "vmap_seeds", False, "Train a mode's seeds as one vmapped program (fits on one accelerator)."
+)
 
 EVAL_METRICS = ("eval/rollout_accuracy", "eval/next_char_accuracy")
 REFERENCE_POINTS = {"unigram": 0.149, "bigram": 0.270, "trigram": 0.381}
@@ -87,13 +92,9 @@ def load_config(flag, mode: str):
     """The config file's ``<mode>[,size]`` variant with the command line's overrides applied."""
     path, _, arg = flag.config_filename.partition(":")
     sizes = [t.strip() for t in arg.split(",") if t.strip()]
-    spec = importlib.util.spec_from_file_location("_grpo_config", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    modes = getattr(module, "GROUP_MODES", ())
-    if any(t in modes for t in sizes):
+    if any(t in groups.MODES for t in sizes):
         raise app.UsageError(f"--config={flag.config_filename}: give the group mode via --modes")
-    config = module.get_config(",".join([mode] + sizes))
+    config = config_blocks.load_config(path, ",".join([mode] + sizes))
     overrides = dict(config_flags.get_override_values(flag))
     if "group.mode" in overrides:
         raise app.UsageError("--config.group.mode is set by --modes, not overridden")
@@ -128,6 +129,51 @@ def run_one(config, workdir: Path):
     wall = time.perf_counter() - t0
     rows = read_metrics(workdir)
     return state, last, rows, wall
+
+
+def run_vmapped(config, seeds, task):
+    """Every seed of one mode in one program: the step vmapped over a seed axis of the state.
+
+    Returns, per seed, (params, last metrics, metrics rows like metrics.jsonl's) and the wall
+    time of the whole set. ``config`` is the first seed's; each seed gets its own rng and its
+    own init (or all load ``init_from``), exactly as separate runs would."""
+    if config.reference.kind == "policy" and not config.init_from:
+        raise app.UsageError(
+            "--vmap_seeds with reference.kind=policy needs --config.init_from: the frozen "
+            "reference is one params set shared by the seeds, not each seed's own init"
+        )
+    t0 = time.perf_counter()
+    params0 = trainer.initial_params(config, task)
+    step_fn, inputs = task.build(params0)
+    per_seed_init = None if config.init_from else task.init_params
+    states = sharding.seed_states(task.make_state, params0, seeds, init_params=per_seed_init)
+    multi = jax.jit(sharding.make_multi_seed_step(step_fn), donate_argnums=0)
+    tc, n = config.train, len(seeds)
+    rows = [[] for _ in seeds]
+    last = [{} for _ in seeds]
+    t_last, since = time.perf_counter(), 0
+    for step in range(tc.num_steps):
+        states, metrics = multi(states, inputs)
+        since += 1
+        done = step + 1
+        if done % tc.log_every == 0 or done == tc.num_steps:
+            host = jax.device_get({k: v for k, v in metrics.items() if v.ndim == 1})
+            dt = (time.perf_counter() - t_last) / since  # one step of all seeds together
+            for i in range(n):
+                row = {k: float(v[i]) for k, v in host.items()}
+                row.update(step=done, step_time_s=dt)
+                rows[i].append(row)
+                last[i].update(row)
+            t_last, since = time.perf_counter(), 0
+        if done % tc.eval_every == 0 or done == tc.num_steps:
+            for i in range(n):
+                scalars, _ = task.evaluate(sharding.unstack_state(states, i).params)
+                rows[i].append({"step": done, **scalars})
+                last[i].update(scalars)
+            t_last = time.perf_counter()
+    params = [sharding.unstack_state(states, i).params for i in range(n)]
+    jax.block_until_ready(params)
+    return params, last, rows, time.perf_counter() - t0
 
 
 def curve(rows, key, init_value):
@@ -171,6 +217,7 @@ def main(argv):
     init_evals, eval_task = {}, None
     configs = {}
     for mode in FLAGS.modes:
+        cfgs = []
         for seed in seeds:
             config = load_config(FLAGS["config"], mode)
             config.seed = seed
@@ -178,34 +225,50 @@ def main(argv):
                 config.train.num_steps = FLAGS.steps
             config.logging.progress = False
             config.logging.tensorboard = False
-            configs[mode] = config
+            cfgs.append(config)
             # the initial policy's held-out figures (the same for every mode at a seed);
             # one task's compiled eval serves every seed
             if seed not in init_evals:
-                task = eval_task or task_lib.build_task(config, "train")
-                eval_task = task
-                init_evals[seed] = task.evaluate(trainer.initial_params(config, task))[0]
-            init_scalars = init_evals[seed]
-            workdir = root / mode / f"seed_{seed}"
-            print(f"[{mode} seed {seed}] {config.train.num_steps} steps -> {workdir}", flush=True)
-            state, last, rows, wall = run_one(config, workdir)
+                eval_task = eval_task or task_lib.build_task(config, "train")
+                init_evals[seed] = eval_task.evaluate(trainer.initial_params(config, eval_task))[0]
+        configs[mode] = cfgs[0]
+        if FLAGS.vmap_seeds:
+            print(f"[{mode} seeds {seeds}] {cfgs[0].train.num_steps} steps, vmapped", flush=True)
+            task = task_lib.build_task(cfgs[0], "train")
+            params, lasts, rowss, wall = run_vmapped(cfgs[0], seeds, task)
+            workdirs = [None] * len(seeds)
+            walls = [wall / len(seeds)] * len(seeds)  # the set's wall time, shared out
+        else:
+            params, lasts, rowss, walls, workdirs = [], [], [], [], []
+            for config in cfgs:
+                workdir = root / mode / f"seed_{config.seed}"
+                print(f"[{mode} seed {config.seed}] -> {workdir}", flush=True)
+                state, last, rows, wall = run_one(config, workdir)
+                for lst, x in zip(
+                    (params, lasts, rowss, walls, workdirs),
+                    (state.params, last, rows, wall, workdir),
+                    strict=True,
+                ):
+                    lst.append(x)
+        for config, p, last, rows, wall, workdir in zip(
+            cfgs, params, lasts, rowss, walls, workdirs, strict=True
+        ):
+            seed, init_scalars = config.seed, init_evals[config.seed]
             # the first logged interval includes the step's compilation: left out
             step_times = [r["step_time_s"] for r in rows if "step_time_s" in r]
             step_times = step_times[1:] or step_times
             best_id = int(last["eval/best_char_id"])
             rec = {
                 "seed": seed,
-                "workdir": str(workdir),
+                "workdir": str(workdir) if workdir else None,
                 "wall_s": wall,
                 "median_step_time_s": statistics.median(step_times) if step_times else None,
-                "steps": int(state.step),
+                "steps": int(config.train.num_steps),
                 "best_char": eval_task.vocab.decode([best_id]),
                 "best_char_frac": last.get("eval/best_char_frac"),
                 "train_entropy": last.get("entropy"),
                 "entropy_decision": last.get("entropy_decision"),
-                "heldout_first_char_entropy": held_out_entropy(
-                    config, state.params, eval_task.vocab.size
-                ),
+                "heldout_first_char_entropy": held_out_entropy(config, p, eval_task.vocab.size),
                 "final": {k: v for k, v in last.items() if k.startswith("eval/")},
                 "train_final": {
                     k: last[k] for k in ("reward_mean", "reward_spread", "kl", "loss") if k in last
@@ -219,15 +282,15 @@ def main(argv):
             }
             runs.setdefault(mode, []).append(rec)
             print(
-                f"  wall {wall:.1f}s  rollout_acc {rec['final']['eval/rollout_accuracy']:.4f}  "
+                f"  seed {seed}: wall {wall:.1f}s  "
+                f"rollout_acc {rec['final']['eval/rollout_accuracy']:.4f}  "
                 f"next_char_acc {rec['final']['eval/next_char_accuracy']:.4f}  "
                 f"best_char {rec['best_char']!r}",
                 flush=True,
             )
-            if mode in ("exhaustive", "adaptive") and seed == seeds[0]:
-                heat = workdir / "char_heatmap.png"
-                if heat.exists():
-                    shutil.copy(heat, out_dir / f"{FLAGS.name}_{mode}_char_heatmap.png")
+            heat = workdir / "char_heatmap.png" if workdir else None
+            if mode in ("exhaustive", "adaptive") and seed == seeds[0] and heat and heat.exists():
+                shutil.copy(heat, out_dir / f"{FLAGS.name}_{mode}_char_heatmap.png")
 
     summary = summarize(runs)
     pngs = write_plots(runs, out_dir, device)
@@ -236,7 +299,7 @@ def main(argv):
         "command": command_line(),
         "overrides": dict(config_flags.get_override_values(FLAGS["config"])),
         "seeds": seeds,
-        "seeds_parallel": False,
+        "seeds_parallel": bool(FLAGS.vmap_seeds),
         "modes": FLAGS.modes,
         "configs": {m: c.to_dict() for m, c in configs.items()},
         "summary": summary,
@@ -312,11 +375,15 @@ def write_markdown(raw, configs, pngs):
     lines = [
         "# Exhaustive vs sampled vs guided GRPO (held-out, char-level tiny Shakespeare)",
         "",
-        f"- Device: **{raw['device']}** (jax {jax.__version__}). Seeds "
-        f"{raw['seeds']} ran **sequentially** through `trainer.train_and_evaluate`, one "
-        "workdir per run, not vmapped over seeds (`grpo_jax.sharding.make_multi_seed_step` "
-        "exists, but the trainer runs one seed per workdir; on 2 CPU cores a vmapped step "
-        "would not be much faster).",
+        f"- Device: **{raw['device']}** (jax {jax.__version__}). Seeds {raw['seeds']} "
+        + (
+            "ran **in parallel**: one program per mode, the train step vmapped over the "
+            "seeds (`--vmap_seeds`, `sharding.make_multi_seed_step`); the wall time per run "
+            "is the set's divided by the seeds, the step time one step of the whole set."
+            if raw.get("seeds_parallel")
+            else "ran **sequentially** through `trainer.train_and_evaluate`, one workdir per "
+            "run (`--vmap_seeds` runs them as one vmapped program instead)."
+        ),
         f"- Command: `{raw['command']}`",
         f"- Config overrides (all modes): `{json.dumps(raw['overrides'])}`",
         f"- Steps per run: {any_cfg.train.num_steps} GRPO steps, each "
@@ -373,11 +440,8 @@ def write_markdown(raw, configs, pngs):
         "left out). Held-out first-char entropy: the final policy's entropy at "
         "temperature 1 over the first generated char of the eval windows (the same measure "
         "for every mode); train entropy: the last logged `entropy` (per-token mean over the "
-        "training rollouts, decision point exact over V in forced modes). Caveat for guided: "
-        "under `grpo.loss_agg=sequence-mean-token-mean` the masked candidate slots (where "
-        "the guide is confident only its top-k_confident of k+r count) enter the mean as "
-        "zero-valued rows, so guided's logged train `entropy` (and `kl`) are diluted by the "
-        "masked share; use the held-out column to compare modes.",
+        "training rollouts, decision point exact over V in forced modes; guided groups "
+        "average over the candidate slots that count, see loss.py).",
         "",
         "## The guide's claims, for comparison",
         "",

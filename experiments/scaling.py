@@ -6,11 +6,16 @@ synthetic data: ``train_tokens`` is a random int32 array in [0, V), the reward i
 (per-char agreement with the window's true continuation), and there is NO reference model
 (``reference=None``), so the step has no KL term at all (no exact KL over V, no reference
 log-probs): the figures are rollout + reward + policy gradient + optimizer update only.
-``group.vocab_chunk`` bounds both the rollout and the loss's training forward over the
-continuations (members in chunks, rematerialised in the backward pass; see loss.py).
-The model is the plain config's (4 layers, 4 heads, width 128 unless overridden), B=8,
-context 100, horizon 70. ``group.vocab_chunk`` per V comes from ``--chunk_for_v`` (V not
-listed: 0 = all V actions at once).
+``group.vocab_chunk`` bounds the rollout (members decoded that many at a time) and
+``group.loss_chunk`` the loss's training forward over the continuations (members in chunks,
+rematerialised in the backward pass; see loss.py). The model is the plain config's (4 layers,
+4 heads, width 128 unless overridden), B=8, context 100, horizon 70. A run is ``V``,
+``V:chunk`` or ``V:chunk:loss_chunk`` (a bare V takes its chunks from ``--chunk_for_v``;
+unlisted: 0 = all V actions at once; loss_chunk 0 = the rollout's chunk).
+
+``--compile_only`` runs are compiled but not executed: XLA's buffer plan for the step
+(``memory_analysis``) on this device, with no time. On a CPU that cannot run V = 50,000 in
+reasonable time this still shows whether the chunked step's buffers fit a given memory.
 
 Each V runs in its own subprocess, so the process peak RSS is that V's own. Memory: on GPU
 ``device.memory_stats()["peak_bytes_in_use"]``; on CPU the step executable's
@@ -18,12 +23,12 @@ Each V runs in its own subprocess, so the process peak RSS is that V's own. Memo
 
 This CPU's run (2 cores), each V all at once and chunked (``V:chunk``):
 
-  python experiments/scaling.py --vocab_sizes=65,65:13,256,256:32 --warmup=1 --steps=2
+  python experiments/scaling.py --vocab_sizes=65,65:13,256,256:32 \
+      --compile_only=1000:250:25,50000:2500:5 --warmup=1 --steps=2
 
 On one GPU (H100/H200), the full table:
 
-  python experiments/scaling.py --vocab_sizes=65,256,1000,50000 \
-      --chunk_for_v=1000:250,50000:500 --warmup=1 --steps=3
+  python experiments/scaling.py --vocab_sizes=65,256,1000,50000 --warmup=1 --steps=3
 
 Writes ``--out_dir/<name>.md`` and ``--out_dir/<name>.json``; ``--report_only`` re-renders the
 markdown from the JSON (``--note="..."`` appends a line, e.g. earlier runs' times).
@@ -61,10 +66,15 @@ config_flags.DEFINE_config_file(
 flags.DEFINE_list(
     "vocab_sizes",
     ["65", "256", "1000", "50000"],
-    "Runs as V or V:chunk (a V may appear with several chunks, e.g. 65,65:13).",
+    "Runs as V, V:chunk or V:chunk:loss_chunk (a V may appear several times, e.g. 65,65:13).",
+)
+flags.DEFINE_list(
+    "compile_only", [], "Runs (same syntax) only compiled: XLA's memory plan, no time."
 )
 flags.DEFINE_string(
-    "chunk_for_v", "1000:250,50000:500", "group.vocab_chunk per V as V:chunk,...; unlisted: 0."
+    "chunk_for_v",
+    "1000:250:25,50000:2500:5",
+    "Chunks of a bare V as V:chunk[:loss_chunk],...; unlisted: 0 (all at once).",
 )
 flags.DEFINE_integer("batch_size", 8, "Prompts per step (B).", lower_bound=1)
 flags.DEFINE_integer("context_len", 100, "Context length.", lower_bound=1)
@@ -87,28 +97,28 @@ GUIDE = {  # V -> (feasible?, memory GB, time/iteration) as the guide states the
 GIB = 2**30
 
 
-def parse_chunks(spec: str) -> dict:
-    out = {}
-    for item in filter(None, (s.strip() for s in spec.split(","))):
-        v, _, c = item.partition(":")
-        out[int(v)] = int(c)
-    return out
+def parse_run(item: str, defaults: dict | None = None) -> tuple[int, int, int]:
+    """ "V[:chunk[:loss_chunk]]" -> (V, chunk, loss_chunk); a bare V takes ``defaults[V]``."""
+    fields = [int(x) for x in str(item).split(":")]
+    if not 1 <= len(fields) <= 3:
+        raise app.UsageError(f"run {item!r}: expected V, V:chunk or V:chunk:loss_chunk")
+    if len(fields) == 1 and defaults and fields[0] in defaults:
+        return defaults[fields[0]]
+    v, chunk, loss_chunk = (fields + [0, 0])[:3]
+    return v, chunk, loss_chunk
 
 
 def parse_runs(entries) -> list:
-    """--vocab_sizes entries "V" or "V:chunk" -> [(V, chunk)]; a bare V takes --chunk_for_v."""
-    chunks = parse_chunks(FLAGS.chunk_for_v)
-    runs = []
-    for item in entries:
-        v, _, c = str(item).partition(":")
-        runs.append((int(v), int(c) if c else chunks.get(int(v), 0)))
-    return runs
+    defaults = [parse_run(s) for s in FLAGS.chunk_for_v.split(",") if s.strip()]
+    by_v = {r[0]: r for r in defaults}
+    return [parse_run(item, by_v) for item in entries]
 
 
-def step_config(v: int, chunk: int):
+def step_config(v: int, chunk: int, loss_chunk: int):
     config = FLAGS.config
     config.group.mode = "exhaustive"
     config.group.vocab_chunk = chunk
+    config.group.loss_chunk = loss_chunk
     config.train.batch_size = FLAGS.batch_size
     config.data.context_len = FLAGS.context_len
     config.data.horizon = FLAGS.horizon
@@ -117,8 +127,8 @@ def step_config(v: int, chunk: int):
     return config
 
 
-def measure(v: int, chunk: int) -> dict:
-    config = step_config(v, chunk)
+def measure(v: int, chunk: int, loss_chunk: int, compile_only: bool = False) -> dict:
+    config = step_config(v, chunk, loss_chunk)
     c, h = config.data.context_len, config.data.horizon
     max_len = config.model.max_len or c + h
     model = make_model(config.model, v, max_len)
@@ -132,15 +142,17 @@ def measure(v: int, chunk: int) -> dict:
     inputs = StepInputs(tokens, None)
 
     load_before = os.getloadavg()
+    jstep = jax.jit(step, donate_argnums=0)
+    warmup, steps = (0, 0) if compile_only else (FLAGS.warmup, FLAGS.steps)
     compiled, state, metrics, compile_s, times = time_train_step(
-        jax.jit(step, donate_argnums=0), state, inputs, FLAGS.warmup, FLAGS.steps
+        jstep, state, inputs, warmup, steps
     )
-    med = statistics.median(times)
-    gen = float(metrics["generated_tokens"])
     dev = jax.devices()[0]
-    return {
+    out = {
         "vocab_size": v,
         "vocab_chunk": int(config.group.vocab_chunk),
+        "loss_chunk": int(config.group.loss_chunk),
+        "compile_only": compile_only,
         "device": f"{dev.device_kind} ({dev.platform})",
         "params": int(sum(x.size for x in jax.tree.leaves(params))),
         "batch_size": config.train.batch_size,
@@ -152,14 +164,20 @@ def measure(v: int, chunk: int) -> dict:
         "exhaustive_estimator": config.grpo.exhaustive_estimator,
         "num_iterations": int(config.grpo.num_iterations),
         "compile_s": compile_s,
-        "step_times_s": times,
-        "median_step_s": med,
-        "generated_tokens_per_step": gen,
-        "tokens_per_s": gen / med,
-        "loss": float(metrics["loss"]),
         "loadavg_1m_before_after": [load_before[0], os.getloadavg()[0]],
         **memory(compiled),
     }
+    if times:
+        med = statistics.median(times)
+        gen = float(metrics["generated_tokens"])
+        out.update(
+            step_times_s=times,
+            median_step_s=med,
+            generated_tokens_per_step=gen,
+            tokens_per_s=gen / med,
+            loss=float(metrics["loss"]),
+        )
+    return out
 
 
 def command_line():
@@ -172,6 +190,10 @@ def fmt_bytes(b):
     return f"{b / GIB:.2f} GiB" if b >= GIB / 4 else f"{b / 2**20:.0f} MiB"
 
 
+def run_key(v, chunk, loss_chunk):
+    return f"{v}:{chunk}:{loss_chunk}"
+
+
 def write_outputs(results: dict, device: str, command: str | None = None):
     out_dir = Path(FLAGS.out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -180,10 +202,10 @@ def write_outputs(results: dict, device: str, command: str | None = None):
         "command": command or command_line(),
         "overrides": dict(config_flags.get_override_values(FLAGS["config"])),
         "guide_claims": {str(k): v for k, v in GUIDE.items()},
-        "results": {f"{v}:{c}": r for (v, c), r in results.items()},
+        "results": {run_key(*k): r for k, r in results.items()},
     }
     (out_dir / f"{FLAGS.name}.json").write_text(json.dumps(raw, indent=1))
-    any_r = next((r for r in results.values() if "median_step_s" in r), {})
+    any_r = next((r for r in results.values() if "compile_s" in r), {})
     lines = [
         "# Exhaustive GRPO scaling with the vocabulary size V",
         "",
@@ -203,51 +225,56 @@ def write_outputs(results: dict, device: str, command: str | None = None):
         "KL over V at the decision point (and the reference's [B, V, H, V] log-probs) is "
         "**off** here; figures with the n-gram reference would be higher.",
         "- Memory on CPU: the step executable's `compiled.memory_analysis()` argument + "
-        "output + temp − aliased (XLA's figure for the step), and the process peak RSS "
-        "(ru_maxrss, one process per V, includes JAX/XLA runtime and compilation); on GPU "
+        "output + temp − aliased (XLA's buffer plan for the step), and the process peak RSS "
+        "(ru_maxrss, one process per run, includes JAX/XLA runtime and compilation); on GPU "
         "`memory_stats()['peak_bytes_in_use']`.",
-        "- `vocab_chunk` bounds the rollout's and the loss's memory: members are rolled out, "
-        "and their training forward is run (rematerialised in the backward pass), that many "
-        "at a time.",
+        "- Chunks: `vocab_chunk` members are rolled out at a time, and `loss_chunk` members "
+        "run the loss's training forward at a time (rematerialised in the backward pass); "
+        "0 = all at once. Both leave the result unchanged (tests/test_loss.py).",
+        "- *compiled only*: the step was compiled and its buffer plan read, but it was not "
+        "run (no time measured): whether its buffers fit, not how fast it is.",
         "",
-        "| V | vocab_chunk | guide: feasible | guide: memory (GB) | guide: time / iteration "
-        "| measured: time / iteration (s, median) | measured: step executable memory "
-        "| measured: process peak RSS | compile (s) | generated tokens/s | load avg (1 min) "
-        "before → after |",
+        "| V | chunks (rollout / loss) | guide: feasible | guide: memory (GB) "
+        "| guide: time / iteration | measured: time / iteration (s, median) "
+        "| measured: step executable memory | measured: process peak RSS | compile (s) "
+        "| generated tokens/s | load avg (1 min) before → after |",
         "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
-    rows = sorted(results) + [(v, None) for v in GUIDE if v not in {k[0] for k in results}]
-    for v, chunk in sorted(rows, key=lambda k: (k[0], k[1] if k[1] is not None else -1)):
+    measured_v = {k[0] for k in results}
+    rows = sorted(results) + [(v, None, None) for v in GUIDE if v not in measured_v]
+    for key in sorted(rows, key=lambda k: tuple(-1 if x is None else x for x in k)):
+        v = key[0]
         g = GUIDE.get(v, ("–", "–", "–"))
-        r = results.get((v, chunk))
-        if r is None or "median_step_s" not in r:
-            why = r["error"] if r else "not run"
-            if r is None and v > 256:
-                why = "not run on this device (needs a GPU)"
+        r = results.get(key)
+        if r is None or "compile_s" not in r:
+            why = r["error"] if r else "not run on this device"
             lines.append(f"| {v} | – | {g[0]} | {g[1]} | {g[2]} | {why} | – | – | – | – | – |")
             continue
+        chunks = f"{r['vocab_chunk']} / {r.get('loss_chunk', 0) or r['vocab_chunk']}"
+        if "median_step_s" in r:
+            times = ", ".join(f"{t:.2f}" for t in r["step_times_s"])
+            timing = f"{r['median_step_s']:.2f} ({times})"
+            tps = f"{r['tokens_per_s']:,.0f}"
+            rss = fmt_bytes(r["process_peak_rss_bytes"])
+        else:  # the RSS of a process that only compiled says nothing about the step
+            timing, tps, rss = "*compiled only, not run*", "–", "–"
         lines.append(
-            f"| {v} | {r['vocab_chunk']} | {g[0]} | {g[1]} | {g[2]} | "
-            f"{r['median_step_s']:.2f} ({', '.join(f'{t:.2f}' for t in r['step_times_s'])}) | "
+            f"| {v} | {chunks} | {g[0]} | {g[1]} | {g[2]} | {timing} | "
             f"{fmt_bytes(r.get('executable_bytes', r['peak_memory_bytes']))} | "
-            f"{fmt_bytes(r['process_peak_rss_bytes'])} | {r['compile_s']:.1f} | "
-            f"{r['tokens_per_s']:,.0f} | "
+            f"{rss} | {r['compile_s']:.1f} | {tps} | "
             + " → ".join(f"{x:.1f}" for x in r.get("loadavg_1m_before_after", []))
             + " |"
         )
     lines += [
         "",
         "The guide's figures are claims for an 80 GB GPU with an unstated model; nothing "
-        "here is extrapolated to the V that were not run. On a shared machine the times "
+        "here is extrapolated to the runs that were not made. On a shared machine the times "
         "depend on the other jobs' load (the load-average column; "
         f"{os.cpu_count()} CPU cores); the memory figures do not.",
     ]
     if FLAGS.note:
         lines += ["", FLAGS.note]
-    if any(
-        "peak_memory_source" in r and "memory_stats" in r["peak_memory_source"]
-        for r in results.values()
-    ):
+    if any("memory_stats" in r.get("peak_memory_source", "") for r in results.values()):
         lines.append("Memory column: device peak_bytes_in_use.")
     md = "\n".join(lines) + "\n"
     (out_dir / f"{FLAGS.name}.md").write_text(md)
@@ -260,31 +287,35 @@ def main(argv):
     if FLAGS.report_only:
         raw = json.loads((Path(FLAGS.out_dir) / f"{FLAGS.name}.json").read_text())
         results = {}
-        for key, r in raw["results"].items():  # "V:chunk" (older files: "V")
-            v, _, c = key.partition(":")
-            results[(int(v), int(c) if c else int(r.get("vocab_chunk", 0)))] = r
+        for key, r in raw["results"].items():  # "V:chunk:loss_chunk" (older: "V:chunk", "V")
+            v, chunk, loss_chunk = parse_run(key)
+            results[(v, chunk or int(r.get("vocab_chunk", 0)), loss_chunk)] = r
         args = [a for a in shlex.split(raw["command"]) if not a.startswith("--note")]
         print(write_outputs(results, raw["device"], shlex.join(args)))
         return
     if FLAGS.one_run:
-        print(json.dumps(measure(*parse_runs([FLAGS.one_run])[0])), flush=True)
+        spec, _, how = FLAGS.one_run.partition("@")
+        print(json.dumps(measure(*parse_run(spec), compile_only=how == "compile")), flush=True)
         return
     results = {}
     env = dict(os.environ)
-    for v, chunk in parse_runs(FLAGS.vocab_sizes):
-        cmd = [sys.executable, os.path.abspath(__file__), *sys.argv[1:], f"--one_run={v}:{chunk}"]
-        print(f"V={v} chunk={chunk}: {shlex.join(cmd)}", flush=True)
+    plan = [(r, "run") for r in parse_runs(FLAGS.vocab_sizes)]
+    plan += [(r, "compile") for r in parse_runs(FLAGS.compile_only)]
+    for run, how in plan:
+        one = f"--one_run={run_key(*run)}@{how}"
+        cmd = [sys.executable, os.path.abspath(__file__), *sys.argv[1:], one]
+        print(f"V={run[0]} chunks={run[1]}/{run[2]} ({how}): {shlex.join(cmd)}", flush=True)
         proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
         lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
         if proc.returncode or not lines:
             err = (proc.stderr.strip().splitlines() or ["no output"])[-1][:200]
             print(f"  failed: {err}", flush=True)
-            results[(v, chunk)] = {"vocab_size": v, "error": f"failed: {err}"}
+            results[run] = {"vocab_size": run[0], "error": f"failed: {err}"}
             continue
-        r = results[(v, chunk)] = json.loads(lines[-1])
+        r = results[run] = json.loads(lines[-1])
+        timing = f"median {r['median_step_s']:.2f}s/step, " if "median_step_s" in r else ""
         print(
-            f"  median {r['median_step_s']:.2f}s/step, executable "
-            f"{fmt_bytes(r.get('executable_bytes', 0))}, RSS "
+            f"  {timing}executable {fmt_bytes(r.get('executable_bytes', 0))}, RSS "
             f"{fmt_bytes(r['process_peak_rss_bytes'])}",
             flush=True,
         )

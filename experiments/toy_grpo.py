@@ -15,7 +15,6 @@ Outputs (under --out):
 """
 
 import argparse
-import importlib.util
 import json
 import sys
 import tempfile
@@ -26,7 +25,7 @@ import jax
 import numpy as np
 from absl import logging
 
-from grpo_jax import plots, trainer
+from grpo_jax import config_blocks, plots, trainer
 from grpo_jax.metric_writers import read_metrics
 from grpo_jax.task import build_task
 
@@ -34,10 +33,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def load_config(arg):
-    spec = importlib.util.spec_from_file_location("toy_cfg", ROOT / "configs/toy_bandit.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod.get_config(arg)
+    return config_blocks.load_config("toy_bandit", arg)
 
 
 def run(arg, seed, workdir, **overrides):

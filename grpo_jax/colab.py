@@ -6,9 +6,10 @@ The notebooks define none of the framework; they call these and the trainer.
                               the notebooks on CPU this way, tests/test_notebooks.py)
 """
 
-import importlib.util
 import os
 from pathlib import Path
+
+from grpo_jax.config_blocks import load_config  # noqa: F401  (the notebooks call colab.load_config)
 
 SMALL_ENV = "GRPO_JAX_NOTEBOOK_SMALL"
 
@@ -36,25 +37,6 @@ def setup_backend():
 def repo_root() -> Path:
     """The repository checkout holding configs/ (the package is installed with pip -e)."""
     return Path(__file__).resolve().parents[1]
-
-
-def load_config(name: str, variant: str = "", **overrides):
-    """configs/<name>.py's get_config(variant) with dotted overrides, e.g.
-    ``load_config("toy_bandit", "rlvr", **{"train.num_steps": 50})``."""
-    path = repo_root() / "configs" / f"{name}.py"
-    if not path.is_file():
-        raise FileNotFoundError(f"no config {path}; is the package installed from a checkout?")
-    spec = importlib.util.spec_from_file_location(f"_grpo_config_{name}", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    config = module.get_config(variant)
-    for key, value in overrides.items():
-        node = config
-        *parents, leaf = key.split(".")
-        for p in parents:
-            node = node[p]
-        node[leaf] = value
-    return config
 
 
 def metric_series(workdir, key: str):

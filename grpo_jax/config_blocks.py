@@ -7,7 +7,12 @@ once so that the three tasks cannot drift apart. Each block takes the values tha
 task as arguments.
 """
 
+import importlib.util
+from pathlib import Path
+
 from ml_collections import config_dict
+
+CONFIG_DIR = Path(__file__).resolve().parents[1] / "configs"
 
 
 def variant_tokens(arg, allowed, config_file):
@@ -56,3 +61,18 @@ def diagnostics_block(kl_bound=0.1, reward_std_low=0.3, reward_std_high=2.0, pat
     d.reward_std_high = reward_std_high  # ... or above this
     d.patience = patience  # for this many consecutive logged steps
     return d
+
+
+def load_config(name: str, variant: str = "", **overrides):
+    """A config file's ``get_config(variant)`` with dotted-key overrides, outside absl flags
+    (tests, notebooks, experiment scripts): ``load_config("toy_bandit", "rlvr",
+    **{"train.num_steps": 50})``. ``name`` is a file of configs/ or a path to a .py file."""
+    path = Path(name) if name.endswith(".py") else CONFIG_DIR / f"{name}.py"
+    if not path.is_file():
+        raise FileNotFoundError(f"no config file {path}; is the package installed from a checkout?")
+    spec = importlib.util.spec_from_file_location(f"_grpo_config_{path.stem}", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    config = module.get_config(variant)
+    config.update_from_flattened_dict(overrides)
+    return config

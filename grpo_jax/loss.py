@@ -17,9 +17,10 @@ KL: ``grpo.kl_estimator`` = ``exact`` (reverse KL(π‖π_ref) summed over V), `
 (forward KL(π_ref‖π) over V: the reference's distribution as a soft target at every scored
 position) or a sampled-token estimator k1/k2/k3 of the reverse KL.
 
-Memory: a forced part's continuation tokens run their training forward ``group.vocab_chunk``
-members at a time, each chunk rematerialised in the backward pass, so the [B, K, H, V] logits
-of a whole exhaustive group never exist at once (see continuation_terms).
+Memory: a forced part's continuation tokens run their training forward ``group.loss_chunk``
+members at a time (default: the rollout's ``group.vocab_chunk``), each chunk rematerialised in
+the backward pass, so the [B, K, H, V] logits of a whole exhaustive group never exist at once
+(see continuation_terms).
 
 π_old: the μ updates reuse one batch of rollouts. The log-probs of iteration 0's forward are
 π_old exactly (same params, same computation as every later iteration), so they are captured
@@ -70,7 +71,11 @@ def make_loss(config, model, has_reference: bool):
     beta = gr.beta if has_reference else 0.0
     train_cont = bool(config.group.train_continuations)
     n_cont = int(config.group.continuations_per_action)
-    vocab_chunk = int(config.group.vocab_chunk)
+    # the training forward's chunk is its own: its [B, c, H, V] logits outgrow the rollout's
+    # [B*c, V] per decode step by a factor H, so a large V wants a smaller chunk here
+    loss_chunk = int(config.group.get("loss_chunk", 0)) or int(config.group.vocab_chunk)
+    if loss_chunk < 0:
+        raise ValueError(f"group.loss_chunk={loss_chunk} must be >= 0 (0 = group.vocab_chunk)")
     aa_scale = "group" if gr.advantage_scale == "group" else "none"
 
     def agg(x, mask):
@@ -119,7 +124,7 @@ def make_loss(config, model, has_reference: bool):
         return pg, kl, ent, jnp.mean(part.member_mask.max(1)), m, logp
 
     def continuation_terms(params, prefix, context_len, part: Part, old_logp, first_iter):
-        """Tokens 1..H-1 of a forced part, ``group.vocab_chunk`` members at a time.
+        """Tokens 1..H-1 of a forced part, ``group.loss_chunk`` members at a time.
 
         Each chunk runs the training forward of its members against the shared prefix and
         returns its members' weighted sums of the clipped surrogate, KL and entropy (weights
@@ -143,10 +148,10 @@ def make_loss(config, model, has_reference: bool):
             pg = wsum(objective.clipped_surrogate(logp, old, adv_c, eps, eps_high))
             return pg, wsum(kl_terms(lp, logp, ref_c, tok)), wsum(entropy_of_logp(lp)), logp
 
-        fn = jax.checkpoint(chunk) if 0 < vocab_chunk < k else chunk
+        fn = jax.checkpoint(chunk) if 0 < loss_chunk < k else chunk
         pg, kl, ent, logp = chunked(
             fn,
-            vocab_chunk,
+            loss_chunk,
             part.tokens,
             old_logp[..., 1:],
             part.advantages[..., 1:],

@@ -19,6 +19,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from grpo_jax import sharding, trainer
 from grpo_jax import task as task_lib
+from grpo_jax.config_blocks import load_config
 
 ROOT = Path(__file__).resolve().parents[1]
 # (data, vocab, shard_params); None = the plain single-device path (no mesh at all)
@@ -26,20 +27,8 @@ MESHES = (None, (8, 1, False), (2, 4, False), (1, 8, False))
 
 
 def tiny_config(mode: str, **overrides):
-    sys.path.insert(0, str(ROOT / "configs"))
-    import shakespeare  # configs/shakespeare.py
-
-    c = shakespeare.get_config(f"{mode},tiny")
-    c.train.batch_size = 8
-    c.logging.tensorboard = False
-    c.eval.num_windows = 8
-    for k, v in overrides.items():
-        node = c
-        *path, last = k.split(".")
-        for p in path:
-            node = node[p]
-        node[last] = v
-    return c
+    fixed = {"train.batch_size": 8, "logging.tensorboard": False, "eval.num_windows": 8}
+    return load_config("shakespeare", f"{mode},tiny", **{**fixed, **overrides})
 
 
 def _mesh_cfg(data, vocab):

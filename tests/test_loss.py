@@ -129,9 +129,11 @@ def test_member_chunked_loss_equals_unchunked(setup):
     parts, has_ref = _parts(cfg, corpus, model, params)
     flags = (True,)
     outs = []
-    for chunk in (0, 7):  # 7 does not divide V = 65: the last chunk is padded
+    # 7 does not divide V = 65: the last chunk is padded. The loss's own chunk overrides the
+    # rollout's (vocab_chunk = 0 would otherwise run the loss unchunked).
+    for chunk in (0, 7):
         c = cfg.copy_and_resolve_references()
-        c.group.vocab_chunk = chunk
+        c.group.loss_chunk = chunk
         loss_fn = make_loss(c, model, has_ref)
         old = tuple(p.logp_old + 0.05 for p in parts)
         fn = jax.jit(jax.value_and_grad(loss_fn, has_aux=True), static_argnums=(4,))

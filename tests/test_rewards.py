@@ -1,8 +1,5 @@
 """Tests for grpo_jax.rewards on hand-computed golden examples."""
 
-import importlib.util
-from pathlib import Path
-
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -10,6 +7,7 @@ import pytest
 from ml_collections import config_dict
 
 from grpo_jax import rewards
+from grpo_jax.config_blocks import load_config
 
 # One prompt (B=1), two rollouts (G=2), horizon 3, vocabulary of 4.
 TOKENS = np.array([[[0, 1, 2], [3, 1, 0]]], np.int32)
@@ -130,11 +128,7 @@ def test_reduce_rewards():
 
 
 def test_default_config_reward():
-    path = Path(__file__).resolve().parents[1] / "configs" / "shakespeare.py"
-    spec = importlib.util.spec_from_file_location("shakespeare_config", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    reward_cfg = module.get_config("tiny").reward
+    reward_cfg = load_config("shakespeare", "tiny").reward
     assert rewards.needs_reference(reward_cfg)
     fn = rewards.make_reward_fn(reward_cfg)
     # Default k=5 >= V=4: every wrong char gets the 0.2 partial credit.

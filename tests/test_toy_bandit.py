@@ -1,6 +1,5 @@
 """The toy bandit task: world, SFT, Bradley–Terry RM, GRPO through the common trainer."""
 
-import importlib.util
 import json
 from pathlib import Path
 
@@ -11,6 +10,7 @@ import pytest
 
 from grpo_jax import toy_bandit as tb
 from grpo_jax import trainer
+from grpo_jax.config_blocks import load_config
 from grpo_jax.metric_writers import read_metrics
 from grpo_jax.task import build_task
 from grpo_jax.train_step import STEP_METRICS
@@ -19,10 +19,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def get_config(arg):
-    spec = importlib.util.spec_from_file_location("toy_cfg", ROOT / "configs/toy_bandit.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod.get_config(arg)
+    return load_config("toy_bandit", arg)
 
 
 def test_config_variants():

@@ -7,7 +7,6 @@ several tests read, XLA runs with most optimisations off, and a persistent compi
 """
 
 import functools
-import importlib.util
 import json
 import math
 from pathlib import Path
@@ -19,6 +18,7 @@ import pytest
 
 from grpo_jax import checkpoint as ckpt_lib
 from grpo_jax import trainer
+from grpo_jax.config_blocks import load_config
 from grpo_jax.metric_writers import read_metrics
 from grpo_jax.train_step import STEP_METRICS
 
@@ -28,16 +28,8 @@ EVAL_KEYS = ("eval/next_char_accuracy", "eval/rollout_accuracy", "eval/val_loss"
 TIMING_KEYS = ("tokens_per_s", "step_time_s")
 
 
-def _load_get_config():
-    spec = importlib.util.spec_from_file_location(
-        "shakespeare_config", ROOT / "configs/shakespeare.py"
-    )
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module.get_config
-
-
-get_config = _load_get_config()
+def get_config(arg):
+    return load_config("shakespeare", arg)
 
 
 @pytest.fixture(scope="module", autouse=True)
