@@ -54,12 +54,16 @@ def logging_block(tensorboard=True, char_stats_every=0):
     return lg
 
 
-def diagnostics_block(kl_bound=0.1, reward_std_low=0.3, reward_std_high=2.0, patience=20):
+def diagnostics_block(
+    kl_bound=0.1, reward_std_low=0.3, reward_std_high=2.0, patience=20, heldout_min_drop=0.005
+):
     d = config_dict.ConfigDict()
     d.kl_bound = kl_bound  # warn when kl (nats per generated token) exceeds this
     d.reward_std_low = reward_std_low  # warn when the group reward std stays below ...
     d.reward_std_high = reward_std_high  # ... or above this
     d.patience = patience  # for this many consecutive logged steps
+    # reward-hacking warning: reward up while a held-out metric falls by more than this
+    d.heldout_min_drop = heldout_min_drop
     return d
 
 

@@ -5,9 +5,15 @@ from ml_collections import ConfigDict
 from grpo_jax.diagnostics import Monitor
 
 
-def _cfg(patience=3):
+def _cfg(patience=3, heldout_min_drop=0.01):
     return ConfigDict(
-        {"kl_bound": 0.1, "reward_std_low": 0.3, "reward_std_high": 2.0, "patience": patience}
+        {
+            "kl_bound": 0.1,
+            "reward_std_low": 0.3,
+            "reward_std_high": 2.0,
+            "patience": patience,
+            "heldout_min_drop": heldout_min_drop,
+        }
     )
 
 
@@ -36,3 +42,7 @@ def test_reward_hacking_signal():
     assert "reward hacking" in warning
     m.update(3, {"reward_std": 1.0, "reward_mean": 0.5})
     assert m.update(3, {"eval/rollout_accuracy": 0.35}) == []  # both up: fine
+    m.update(4, {"reward_std": 1.0, "reward_mean": 0.6})
+    assert m.update(4, {"eval/rollout_accuracy": 0.345}) == []  # a fall within the tolerance
+    m.update(5, {"reward_std": 1.0, "reward_mean": 0.7})
+    assert len(m.update(5, {"eval/rollout_accuracy": 0.33})) == 1  # 0.015 > 0.01
