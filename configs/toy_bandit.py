@@ -7,6 +7,7 @@ Usage:
 
 `get_config(arg)` takes comma-separated variant tokens:
   reward: rm (default; Bradley–Terry reward model, G=8) | rlvr (binary verifiable reward, G=16)
+  group:  sampled (default) | exhaustive (the group is all V actions: the exact policy gradient)
   size:   (none: the tutorial's 500 iterations, ~10 s on CPU) | tiny (unit tests, seconds)
 The SFT policy and the reward model are trained inside the task, deterministically from the
 seed, before GRPO starts (a few seconds on a CPU); there is no separate mode for them.
@@ -17,12 +18,14 @@ from ml_collections import config_dict
 from grpo_jax import config_blocks as blocks
 
 REWARDS = ("rm", "rlvr")
+GROUP_MODES = ("sampled", "exhaustive")
 SIZES = ("tiny",)
 
 
 def get_config(arg=None):
-    tokens = blocks.variant_tokens(arg, REWARDS + SIZES, "configs/toy_bandit.py")
+    tokens = blocks.variant_tokens(arg, REWARDS + GROUP_MODES + SIZES, "configs/toy_bandit.py")
     reward = blocks.pick_one(tokens, REWARDS, "rm", "rewards")
+    mode = blocks.pick_one(tokens, GROUP_MODES, "sampled", "group modes")
 
     c = config_dict.ConfigDict()
     c.task = "toy_bandit"  # which task builder runs (grpo_jax/task.py TASKS)
@@ -49,7 +52,10 @@ def get_config(arg=None):
     c.toy.rm.bt_scale = 10.0  # P(a ≻ b) = sigmoid(bt_scale * (p(c,a) - p(c,b)))
 
     c.group = config_dict.ConfigDict()
-    c.group.size = 8 if reward == "rm" else 16  # G samples per context
+    # sampled: G samples per context | exhaustive: all V actions, each forced, learning by the
+    # exact all-action gradient Σ_a π(a)·Â(a)·∇log π(a) (grpo_jax/single_step.py)
+    c.group.mode = mode
+    c.group.size = 8 if reward == "rm" else 16  # G samples per context (sampled groups)
     c.group.temperature = 1.0  # sampling temperature (also used for the training log-probs)
     c.group.top_k = 0  # sample from the top-k tokens only (0 = off)
     c.group.top_p = 1.0  # nucleus sampling mass (1.0 = off)

@@ -66,12 +66,15 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=str(ROOT / "experiments/results"))
     ap.add_argument("--seeds", default="0,1,2")
-    ap.add_argument("--groups", default="2,4,8,16")
+    ap.add_argument(
+        "--groups", default="2,4,8,16,exhaustive", help="group sizes G, and/or 'exhaustive' (V)"
+    )
+    ap.add_argument("--early", type=int, default=100, help="also report the true reward here")
     ap.add_argument("--smooth", type=int, default=30, help="moving-average window (iterations)")
     args = ap.parse_args()
     logging.set_verbosity(logging.WARNING)
     seeds = [int(s) for s in args.seeds.split(",")]
-    group_sizes = [int(g) for g in args.groups.split(",")]
+    group_sizes = [g if g == "exhaustive" else int(g) for g in args.groups.split(",")]
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix="toy_grpo_"))
@@ -151,9 +154,12 @@ def main():
     }
 
     # 2. group-size ablation (RM reward), all seeds
-    curves, true_curves, finals = {}, {}, {}
+    curves, true_curves, finals, early = {}, {}, {}, {}
+    v = cfg_rm.toy.vocab_size
     for g in group_sizes:
         rews, trues, fin = [], [], []
+        # exhaustive: the group is all V actions, learning by the exact all-action gradient
+        group = {"group.mode": "exhaustive"} if g == "exhaustive" else {"group.size": g}
         for s in seeds:
             _, last, rows = run(
                 "rm",
@@ -161,51 +167,66 @@ def main():
                 tmp / f"abl_g{g}_s{s}",
                 # one world (seed 0's) for every run: the band is training noise only
                 **{
-                    "group.size": g,
+                    **group,
                     "train.log_every": 1,
                     "train.eval_every": 10,
                     "toy.world_seed": s0,
                 },
             )
-            train_rows = [r for r in rows if "reward_mean" in r]
+            # the policy's expected RM reward Σ π_old·R: for sampled groups the samples' mean,
+            # for the exhaustive group (a plain mean over all actions says nothing of π) not
+            train_rows = [r for r in rows if "reward_policy_mean" in r]
             eval_rows = [r for r in rows if "eval/true_reward" in r]
-            rews.append([r["reward_mean"] for r in train_rows])
+            rews.append([r["reward_policy_mean"] for r in train_rows])
             trues.append(
                 ([r["step"] for r in eval_rows], [r["eval/true_reward"] for r in eval_rows])
             )
             fin.append(last["eval/true_reward"])
         sm = np.stack([smooth(r, args.smooth) for r in rews])
         steps = np.arange(sm.shape[1]) + args.smooth
-        curves[f"G={g}"] = (steps, sm.mean(0), sm.std(0))
+        label = f"exhaustive (V={v})" if g == "exhaustive" else f"G={g}"
+        curves[label] = (steps, sm.mean(0), sm.std(0))
         tv = np.array([tr[1] for tr in trues])
-        true_curves[f"G={g}"] = (trues[0][0], tv.mean(0), tv.std(0))
-        finals[g] = (float(np.mean(fin)), float(np.std(fin)))
-        print(f"G={g}: final true reward {finals[g][0]:.4f} ± {finals[g][1]:.4f}", flush=True)
+        true_curves[label] = (trues[0][0], tv.mean(0), tv.std(0))
+        finals[label] = (float(np.mean(fin)), float(np.std(fin)))
+        at = trues[0][0].index(args.early) if args.early in trues[0][0] else -1
+        early[label] = (float(tv[:, at].mean()), float(tv[:, at].std()))
+        print(f"{label}: final true reward {finals[label][0]:.4f} ± {finals[label][1]:.4f}")
     plots.learning_curves(
         curves,
         out / "toy_group_size_ablation.png",
-        f"RM reward ({args.smooth}-iteration average)",
-        f"Toy bandit (world {s0}): group size, mean ± std over {len(seeds)} seeds",
+        f"policy's RM reward ({args.smooth}-iteration average)",
+        f"Toy bandit (world {s0}): group, mean ± std over {len(seeds)} seeds",
     )
     plots.learning_curves(
         true_curves,
         out / "toy_group_size_true_reward.png",
         "eval/true_reward (exact)",
-        f"Toy bandit (world {s0}): true reward vs group size ({len(seeds)} seeds)",
+        f"Toy bandit (world {s0}): true reward vs group ({len(seeds)} seeds)",
     )
     lines += [
         "",
         f"## Group-size ablation (RM reward, {cfg_rm.train.num_steps} iterations, world "
         f"{s0}, training seeds {', '.join(map(str, seeds))})",
         "",
-        "Curves: `toy_group_size_ablation.png` (RM reward of the samples, smoothed), "
+        "Curves: `toy_group_size_ablation.png` (the policy's RM reward in training, "
+        "`reward_policy_mean`, smoothed), "
         "`toy_group_size_true_reward.png` (exact true reward of the policy).",
         "",
-        "| G | final eval/true_reward (mean ± std) |",
-        "|---:|---:|",
+        f"Optimum {float(opt.mean()):.4f}. Exhaustive: every one of the V={v} actions is "
+        "forced and scored, and the step follows the exact all-action gradient "
+        "Σ_a π(a)·Â(a)·∇log π(a) (`group.mode=exhaustive`, grpo_jax/single_step.py).",
+        "",
+        f"| group | eval/true_reward at iteration {args.early} | final eval/true_reward "
+        "(mean ± std) |",
+        "|---:|---:|---:|",
     ]
-    lines += [f"| {g} | {m:.4f} ± {sd:.4f} |" for g, (m, sd) in finals.items()]
+    lines += [
+        f"| {g} | {early[g][0]:.4f} ± {early[g][1]:.4f} | {m:.4f} ± {sd:.4f} |"
+        for g, (m, sd) in finals.items()
+    ]
     summary["ablation_final_true_reward"] = {g: m for g, (m, _) in finals.items()}
+    summary[f"ablation_true_reward_at_{args.early}"] = {g: m for g, (m, _) in early.items()}
     (out / "toy_table.md").write_text("\n".join(lines) + "\n")
     (out / "toy_summary.json").write_text(json.dumps(summary, indent=1) + "\n")
     print("\n".join(lines))

@@ -275,12 +275,26 @@ def all_action_loss(logp_all, returns, scale="none", eps=1e-8, mask=None):
         -Σ_{a∈M} π(a)(R(a) - b).
     Returns: `[B]` per-row loss (its value is ~0 by construction; use its gradient).
     """
-    _check("advantage scale", scale, ADVANTAGE_SCALES)
     mask = jnp.ones(logp_all.shape, bool) if mask is None else jnp.asarray(mask, bool)
     pi = jnp.where(mask, jnp.exp(logp_all), 0.0)
-    pi_sg = jax.lax.stop_gradient(pi)
-    returns = jax.lax.stop_gradient(returns)
-    adv = _center(returns, mask, pi_sg, axis=-1)
+    adv = policy_weighted_advantages(returns, pi, scale, eps, mask)
+    return -jnp.sum(pi * adv, axis=-1)
+
+
+def policy_weighted_advantages(returns, pi, scale="none", eps=1e-8, mask=None):
+    """Â(a) = R(a) - Σ_a π̄(a)R(a) over a whole action set, optionally divided by the
+    π̄-weighted std (``group``, per row) or the root of its row-mean (``batch``).
+
+    Args:
+      returns: `[B, A]` R(a) of every action (stop-gradient).
+      pi: `[B, A]` π(a) (stop-gradient; renormalised over ``mask`` for the statistics).
+      mask: optional `[B, A]` bool of actions to include.
+    Returns: `[B, A]` stop-gradient advantages, 0 outside the mask.
+    """
+    _check("advantage scale", scale, ADVANTAGE_SCALES)
+    mask = jnp.ones(returns.shape, bool) if mask is None else jnp.asarray(mask, bool)
+    pi_sg = jax.lax.stop_gradient(jnp.where(mask, pi, 0.0))
+    adv = _center(jax.lax.stop_gradient(returns), mask, pi_sg, axis=-1)
     if scale != "none":
         var = _safe_div(
             jnp.sum(pi_sg * adv**2, -1, keepdims=True),
@@ -289,5 +303,4 @@ def all_action_loss(logp_all, returns, scale="none", eps=1e-8, mask=None):
         if scale == "batch":
             var = jnp.mean(var)
         adv = _safe_div(adv, jnp.sqrt(var) + eps)
-    # Â already carries no gradient (π̄, R are stopped); the explicit stop guards edits.
-    return -jnp.sum(pi * jax.lax.stop_gradient(adv), axis=-1)
+    return jax.lax.stop_gradient(adv)

@@ -8,11 +8,24 @@ all T positions from them, and ``mask [B, T]`` says which positions are the memb
 the π_old log-probs are computed once per prompt, not once per member, and the KL to the
 reference is exact over V at every acted position.
 
+Group modes (``group.mode``):
+  sampled     G members, every acted position sampled from π_old (the ordinary GRPO group).
+  exhaustive  the single-step form of exhaustive GRPO: V members per prompt, member k with
+              action k forced at the prompt's first acted position (the decision point) and the
+              other acted positions sampled. The decision point learns by the exact all-action
+              gradient -∇ Σ_a π_θ(a)(R(a) - b), b = Σ_a π(a)R(a) (objective.all_action_loss):
+              no sampling variance there given the rewards. The other acted positions keep the
+              clipped surrogate, each member weighted by π_old(its forced action), so that their
+              gradient is the on-policy one (a uniform mean over forced actions would optimise
+              them for a uniformly random decision point instead). With one acted position
+              (the toy bandit) the step is the exact policy gradient.
+
 The math is grpo_jax.objective's (group_advantages, clipped_surrogate, kl_estimate /
-exact_kl, aggregate); the reward statistics are train_step.group_metrics'; the μ updates per
-batch of rollouts and the non-finite guard follow train_step.make_train_step, so the metric
-names are the same as the other tasks' (loss, pg_loss, kl, entropy, reward_mean, reward_std,
-frac_reward_zero_std, advantage_var, clip_frac, ratio_mean, grad_norm, learning_rate).
+exact_kl, aggregate, all_action_loss); the reward statistics are train_step.group_metrics';
+the μ updates per batch of rollouts and the non-finite guard follow
+train_step.make_train_step, so the metric names are the same as the other tasks' (loss,
+pg_loss, kl, entropy, reward_mean, reward_std, frac_reward_zero_std, advantage_var,
+clip_frac, ratio_mean, grad_norm, learning_rate).
 """
 
 from collections.abc import Callable
@@ -26,6 +39,8 @@ from grpo_jax import objective
 from grpo_jax import rollout as ro
 from grpo_jax.groups import Part
 from grpo_jax.train_step import TrainState, group_metrics
+
+MODES = ("sampled", "exhaustive")
 
 
 class Inputs(NamedTuple):
@@ -52,8 +67,18 @@ def check_grpo_config(config):
             f"grpo.advantage_scale={gr.advantage_scale!r} is unknown; "
             f"choose from {', '.join(objective.ADVANTAGE_SCALES)}"
         )
-    if config.group.size < 2:
+    mode = config.group.get("mode", "sampled")
+    if mode not in MODES:
+        raise ValueError(
+            f"group.mode={mode!r} is unknown for single-step tasks; choose from {MODES}"
+        )
+    if mode == "sampled" and config.group.size < 2:
         raise ValueError(f"group.size={config.group.size} must be >= 2 (a group needs a baseline)")
+    if mode == "exhaustive" and gr.kl_estimator not in objective.EXACT_KL:
+        raise ValueError(
+            f"group.mode=exhaustive needs an exact KL (forced actions are not samples of π); "
+            f"set grpo.kl_estimator to one of {tuple(objective.EXACT_KL)}"
+        )
     if int(gr.num_iterations) < 1:
         raise ValueError(f"grpo.num_iterations={gr.num_iterations} must be >= 1")
 
@@ -75,6 +100,7 @@ def make_step(
     """
     check_grpo_config(config)
     gr, g = config.grpo, config.group
+    exhaustive = g.get("mode", "sampled") == "exhaustive"
     sp = ro.sampling_params(g)
     size, mu = int(g.size), int(gr.num_iterations)
     beta, eps, eps_high = float(gr.beta), float(gr.epsilon), gr.epsilon_high
@@ -86,11 +112,26 @@ def make_step(
         idx = jnp.moveaxis(tokens, 1, -1)  # [B, T, G]
         return jnp.moveaxis(jnp.take_along_axis(lp_all, idx, axis=-1), -1, 1)
 
-    def loss_fn(params, prompts, tokens, tok_mask, adv, old, ref_lp):
+    def loss_fn(params, prompts, tokens, tok_mask, adv, old, ref_lp, forced):
+        """forced: None (sampled groups) or (decision one-hot [B, T], rewards [B, V],
+        member weights π_old(forced action) [B, V])."""
         lp_all = ro.tempered_logp(policy_logits(params, prompts), sp)  # [B, T, V]
         logp = member_logp(lp_all, tokens)
         a = adv[..., None]  # one outcome advantage per member, on each of its actions
-        pg = agg(objective.clipped_surrogate(logp, old, a, eps, eps_high), tok_mask)
+        surrogate = objective.clipped_surrogate(logp, old, a, eps, eps_high)
+        if forced is None:
+            pg = agg(surrogate, tok_mask)
+        else:
+            dp, rewards, w = forced
+            lp_dp = jnp.sum(lp_all * dp[..., None], axis=1)  # [B, V] at the decision point
+            pg = jnp.mean(objective.all_action_loss(lp_dp, rewards, gr.advantage_scale))
+            # the other acted positions: per prompt, the π_old-weighted mean over members of
+            # their surrogate's mean over those positions
+            cont = tok_mask * (1.0 - dp[:, None])
+            n_pos = jnp.sum(cont[:, 0], axis=-1)  # [B]
+            per_member = jnp.sum(surrogate * cont, -1) / jnp.maximum(n_pos, 1.0)[:, None]
+            has = (n_pos > 0).astype(jnp.float32)
+            pg = pg + jnp.sum(jnp.sum(per_member * w, -1) * has) / jnp.maximum(has.sum(), 1.0)
         if ref_lp is None:
             kl = jnp.zeros(())
         elif gr.kl_estimator in objective.EXACT_KL:
@@ -122,14 +163,26 @@ def make_step(
         prompts, mask = sample_prompts(k_data, inputs.data)
         logits = jax.lax.stop_gradient(policy_logits(state.params, prompts))  # [B, T, V]
         b, t, v = logits.shape
-        u = jax.random.uniform(k_sample, (b, size, t))
+        k = v if exhaustive else size  # members: every action, or G samples
+        u = jax.random.uniform(k_sample, (b, k, t))
         tokens, old, _ = ro.sample_from_logits(
-            jnp.broadcast_to(logits[:, None], (b, size, t, v)), u, sp
+            jnp.broadcast_to(logits[:, None], (b, k, t, v)), u, sp
         )
+        if exhaustive:  # member a takes action a at the first acted position
+            dp = jax.nn.one_hot(jnp.argmax(mask > 0, axis=1), t) * (mask.sum(1) > 0)[:, None]
+            actions = jnp.arange(v, dtype=tokens.dtype)[None, :, None]
+            tokens = jnp.where(dp[:, None] > 0, actions, tokens)
+            old = member_logp(ro.tempered_logp(logits, sp), tokens)
         tok_mask = jnp.broadcast_to(mask[:, None].astype(jnp.float32), tokens.shape)
         rewards, info = reward_fn(inputs.reward_params, inputs.data, prompts, tokens, mask)
         rewards = jax.lax.stop_gradient(rewards.astype(jnp.float32))
-        adv = objective.group_advantages(rewards, gr.advantage_scale)  # [B, G]
+        forced = None
+        if exhaustive:
+            pi_dp = jnp.exp(jnp.sum(ro.tempered_logp(logits, sp) * dp[..., None], axis=1))
+            adv = objective.policy_weighted_advantages(rewards, pi_dp, gr.advantage_scale)
+            forced = (dp, rewards, pi_dp)
+        else:
+            adv = objective.group_advantages(rewards, gr.advantage_scale)  # [B, G]
         ref_lp = None
         if inputs.ref_params is not None and beta > 0:
             ref_logits = policy_logits(jax.lax.stop_gradient(inputs.ref_params), prompts)
@@ -137,7 +190,7 @@ def make_step(
 
         def update(carry, _):
             params, opt_state = carry
-            (_, m), grads = grad_fn(params, prompts, tokens, tok_mask, adv, old, ref_lp)
+            (_, m), grads = grad_fn(params, prompts, tokens, tok_mask, adv, old, ref_lp, forced)
             updates, opt_state = tx.update(grads, opt_state, params)
             m["grad_norm"] = optax.tree.norm(grads)
             return (optax.apply_updates(params, updates), opt_state), m
@@ -153,8 +206,9 @@ def make_step(
         part = Part(  # only the fields group_metrics reads are meaningful
             context=empty,
             tokens=tokens,
-            member_mask=jnp.ones((b, size), jnp.float32),
-            logp_old=old,
+            member_mask=jnp.ones((b, k), jnp.float32),
+            # [..., 0] is the first action's log-prob: the decision point's when forced
+            logp_old=jnp.sum(old * dp[:, None], -1, keepdims=True) if exhaustive else old,
             advantages=adv[..., None],  # [B, G, 1]: advantage_var = mean Â²
             action_returns=empty,
             action_mask=empty,
@@ -162,7 +216,7 @@ def make_step(
             ref_logp=empty,
             rewards=rewards[..., None],
         )
-        metrics.update(group_metrics((part,), (False,), v))
+        metrics.update(group_metrics((part,), (exhaustive,), v))
         metrics.update(info)
         metrics["learning_rate"] = schedule(state.step)
         metrics["generated_tokens"] = jnp.sum(tok_mask)

@@ -106,12 +106,18 @@ def group_metrics(parts, forced_flags, vocab_size):
         valid = (mm.sum(1) > 0).astype(jnp.float32)
         big, small = jnp.where(mm > 0, ret, -jnp.inf), jnp.where(mm > 0, ret, jnp.inf)
         spread = jnp.where(valid > 0, big.max(1) - small.min(1), 0.0)
+        # members weighted by π_old of their first action: for a forced group (every first
+        # action, or a guide's candidates) this is the policy's expected return, which the
+        # plain mean over forced actions is not; for a sampled group it is reward_mean
+        pw = jnp.exp(part.logp_old[..., 0]) * mm if forced else mm
+        policy_mean = (ret * pw).sum(1) / jnp.maximum(pw.sum(1), 1e-30)
         adv = part.advantages
         tm = jnp.broadcast_to(mm[..., None], adv.shape)
         w = valid.sum()
         wm = lambda x: jnp.sum(x * valid) / jnp.maximum(w, 1.0)
         stats = {
             "reward_mean": wm(mean),
+            "reward_policy_mean": wm(policy_mean),
             "reward_std": wm(std),
             "frac_reward_zero_std": wm((std < 1e-6).astype(jnp.float32)),
             "reward_spread": wm(spread),

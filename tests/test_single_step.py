@@ -1,0 +1,164 @@
+"""single_step.make_step's exhaustive groups against closed-form gradients on a tabular policy.
+
+The policy is a logit table θ[prompt, position, action]; the reward a fixed table, so the
+objective E_π[R] and its gradient are known exactly (jax.grad of the closed form, not of the
+estimator). With plain SGD at lr 1 the step moves θ by exactly minus the loss's gradient.
+"""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+from ml_collections import ConfigDict
+
+from grpo_jax import single_step
+from grpo_jax.groups import Part
+from grpo_jax.train_step import group_metrics, init_state
+
+B, V = 3, 5
+
+
+def _config(mode="exhaustive", kl="exact", beta=0.0, scale="none"):
+    return ConfigDict(
+        {
+            "group": {"mode": mode, "size": 4, "temperature": 1.0, "top_k": 0, "top_p": 1.0},
+            "grpo": {
+                "beta": beta,
+                "epsilon": 0.2,
+                "epsilon_high": None,
+                "kl_estimator": kl,
+                "loss_agg": "sequence-mean-token-mean",
+                "num_iterations": 1,
+                "advantage_scale": scale,
+                "entropy_coef": 0.0,
+            },
+        }
+    )
+
+
+def _problem(num_positions, mask, reward_table):
+    """A step over a tabular policy; reward = reward_table[prompt, action at position 0]."""
+    mask = jnp.asarray(mask, jnp.float32)
+
+    def policy_logits(params, prompts):
+        return params[prompts]  # [B, T, V]
+
+    def sample_prompts(key, data):
+        return jnp.arange(B), mask
+
+    def reward_fn(reward_params, data, prompts, tokens, m):
+        return reward_table[prompts[:, None], tokens[..., 0]], {}
+
+    theta = jax.random.normal(jax.random.PRNGKey(0), (B, num_positions, V))
+    return theta, policy_logits, sample_prompts, reward_fn
+
+
+def _sgd_step(config, theta, problem_fns, ref=None):
+    policy_logits, sample_prompts, reward_fn = problem_fns
+    tx = optax.sgd(1.0)
+    step = single_step.make_step(
+        config, policy_logits, sample_prompts, reward_fn, tx, lambda s: 1.0
+    )
+    state, metrics = jax.jit(step)(
+        init_state(theta, tx, 0), single_step.Inputs(jnp.zeros(()), ref, None)
+    )
+    return state.params, metrics
+
+
+def test_exhaustive_one_action_is_the_exact_policy_gradient():
+    """One acted position (a bandit): the step is θ += ∇_θ mean_b Σ_a π_θ(a|b) R(b, a)."""
+    reward = jax.random.uniform(jax.random.PRNGKey(1), (B, V))
+    theta, *fns = _problem(1, np.ones((B, 1)), reward)
+    new, metrics = _sgd_step(_config(), theta, fns)
+
+    def expected_reward(th):
+        return jnp.mean(jnp.sum(jax.nn.softmax(th[:, 0], -1) * reward, -1))
+
+    np.testing.assert_allclose(new - theta, jax.grad(expected_reward)(theta), atol=1e-6)
+    # the group is every action: V members per prompt; reward_mean is their plain mean,
+    # reward_policy_mean the policy's expected reward Σ_a π_old(a) R(a)
+    np.testing.assert_allclose(metrics["reward_mean"], reward.mean(), rtol=1e-6)
+    pi = jax.nn.softmax(theta[:, 0], -1)
+    np.testing.assert_allclose(
+        metrics["reward_policy_mean"], jnp.mean(jnp.sum(pi * reward, -1)), rtol=1e-5
+    )
+    assert float(metrics["generated_tokens"]) == B * V
+
+
+def test_exhaustive_group_normalised_advantages_scale_the_gradient():
+    """advantage_scale=group divides the exact gradient by the π-weighted reward std."""
+    reward = jax.random.uniform(jax.random.PRNGKey(2), (B, V))
+    theta, *fns = _problem(1, np.ones((B, 1)), reward)
+    new, _ = _sgd_step(_config(scale="group"), theta, fns)
+    pi = jax.nn.softmax(theta[:, 0], -1)
+    std = jnp.sqrt(jnp.sum(pi * (reward - jnp.sum(pi * reward, -1, keepdims=True)) ** 2, -1))
+
+    def scaled(th):
+        p = jax.nn.softmax(th[:, 0], -1)
+        return jnp.mean(jnp.sum(p * reward, -1) / (std + 1e-8))
+
+    np.testing.assert_allclose(new - theta, jax.grad(scaled)(theta), atol=1e-5)
+
+
+def test_exhaustive_forces_the_first_acted_position_and_keeps_the_exact_kl():
+    """The decision point is each prompt's first acted position (here position 1 for prompt
+    0); a position the reward ignores gets no decision-point gradient, only the KL's."""
+    reward = jax.random.uniform(jax.random.PRNGKey(3), (B, V))
+    mask = np.array([[0.0, 1.0], [1.0, 0.0], [1.0, 0.0]])
+    theta, policy_logits, sample_prompts, _ = _problem(2, mask, reward)
+
+    def reward_fn(reward_params, data, prompts, tokens, m):
+        first = jnp.where(m[:, None, 0] > 0, tokens[..., 0], tokens[..., 1])
+        return reward[prompts[:, None], first], {}
+
+    ref = jnp.zeros_like(theta)  # uniform reference
+    new, metrics = _sgd_step(
+        _config(beta=0.5), theta, (policy_logits, sample_prompts, reward_fn), ref
+    )
+    dp = jnp.asarray(mask)  # one acted position per prompt: it is the decision point
+
+    def objective(th):
+        lp = jax.nn.log_softmax(th, -1)  # [B, T, V]
+        lp_dp = jnp.sum(lp * dp[..., None], 1)
+        gain = jnp.mean(jnp.sum(jnp.exp(lp_dp) * reward, -1))
+        kl = jnp.sum(jnp.exp(lp) * (lp - jax.nn.log_softmax(ref, -1)), -1)  # [B, T]
+        return gain - 0.5 * jnp.sum(kl * dp) / dp.sum()
+
+    np.testing.assert_allclose(new - theta, jax.grad(objective)(theta), atol=1e-6)
+    assert np.all(np.asarray(new - theta)[mask == 0] == 0)  # unacted positions never move
+    assert float(metrics["kl"]) > 0
+
+
+def test_exhaustive_needs_an_exact_kl():
+    with pytest.raises(ValueError, match="group.mode=exhaustive needs an exact KL"):
+        single_step.check_grpo_config(_config(kl="k3"))
+    with pytest.raises(ValueError, match="group.mode='bogus' is unknown"):
+        single_step.check_grpo_config(_config(mode="bogus"))
+
+
+def test_reward_policy_mean_weights_forced_members_by_pi_old():
+    """group_metrics by hand: a forced part's members weighted by π_old of their first action
+    (masked members excluded); a sampled part's policy mean is its plain mean."""
+    ret = np.array([[1.0, 0.0, 0.5], [0.2, 0.4, 0.9]])
+    logp0 = np.log(np.array([[0.5, 0.25, 0.25], [0.1, 0.6, 0.3]]))
+    mask = np.array([[1.0, 1.0, 1.0], [1.0, 1.0, 0.0]])
+    part = Part(
+        context=jnp.zeros((2, 0)),
+        tokens=jnp.zeros((2, 3, 1), jnp.int32),
+        member_mask=jnp.asarray(mask),
+        logp_old=jnp.asarray(logp0)[..., None],
+        advantages=jnp.zeros((2, 3, 1)),
+        action_returns=jnp.zeros((2, 0)),
+        action_mask=jnp.zeros((2, 0)),
+        actions=jnp.zeros((2, 0), jnp.int32),
+        ref_logp=jnp.zeros((2, 0)),
+        rewards=jnp.asarray(ret)[..., None],
+    )
+    row0 = 0.5 * 1.0 + 0.25 * 0.0 + 0.25 * 0.5
+    row1 = (0.1 * 0.2 + 0.6 * 0.4) / 0.7
+    forced = group_metrics((part,), (True,), 3)
+    np.testing.assert_allclose(forced["reward_policy_mean"], (row0 + row1) / 2, rtol=1e-6)
+    sampled = group_metrics((part,), (False,), 3)
+    np.testing.assert_allclose(sampled["reward_policy_mean"], sampled["reward_mean"], rtol=1e-6)
+    np.testing.assert_allclose(sampled["reward_mean"], (1.5 / 3 + 0.6 / 2) / 2, rtol=1e-6)
