@@ -135,7 +135,9 @@ def measure(v: int, chunk: int, loss_chunk: int, compile_only: bool = False) -> 
     params = init_params(model, jax.random.PRNGKey(config.seed))
     collect = groups.make_collect(config, model, v, None, rewards.make_reward_fn(config.reward))
     loss_fn = make_loss(config, model, has_reference=False)
-    tx, schedule = make_optimizer(config.optim, FLAGS.warmup + FLAGS.steps)
+    tx, schedule = make_optimizer(
+        config.optim, FLAGS.warmup + FLAGS.steps, updates_per_step=config.grpo.num_iterations
+    )
     step = make_train_step(config, collect, loss_fn, tx, schedule, parts_forced_flags(config), v)
     state = init_state(params, tx, config.seed)
     tokens = jax.random.randint(jax.random.PRNGKey(1), (FLAGS.corpus_len,), 0, v, jnp.int32)

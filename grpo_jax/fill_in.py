@@ -23,6 +23,8 @@ latest generator checkpoint.
 
 Held-out metrics (fixed val windows and spans):
   eval/fill_accuracy          greedy fill: share of masked chars equal to the original
+  eval/fill_accuracy/lenK     the same over the spans of K chars only (the per-position
+                              policy is exact on 1-char spans, only factorised on longer ones)
   eval/sampled_fill_accuracy  mean π(original char) over masked positions
   eval/pass@k                 P(one of k sampled fills restores the whole span), exact
   eval/judge_reward           the judge's reward of the greedy fills
@@ -41,7 +43,7 @@ from grpo_jax import judge as judge_lib
 from grpo_jax import single_step
 from grpo_jax.encoder import Encoder
 from grpo_jax.task import Task
-from grpo_jax.train_step import TrainState, init_state, make_optimizer
+from grpo_jax.train_step import TrainState, init_state, make_optimizer, supervised_update
 
 MODES = ("train", "eval", "train_judge", "pretrain")
 JUDGE_REWARDS = ("prob", "logit")
@@ -100,17 +102,7 @@ def build_fill_in(config, mode: str = "train") -> Task:
     val_ctx, val_tgt = data_lib.eval_windows(corpus.val, n_val, length - 1, 1)
     val_windows = np.concatenate([val_ctx, val_tgt], 1)
     judge_model = judge_lib.make_judge_model(j, v, length)
-    m = config.model
-    generator = Encoder(
-        vocab_size=v + 1,
-        out_size=v,
-        num_layers=m.num_layers,
-        num_heads=m.num_heads,
-        d_model=m.d_model,
-        mlp_ratio=m.mlp_ratio,
-        max_len=length,
-        head="tokens",
-    )
+    generator = make_generator(config, v)
     init_generator = lambda key: generator.init(key, jnp.zeros((1, length), jnp.int32))["params"]
 
     if mode == "train_judge":
@@ -199,11 +191,16 @@ def build_fill_in(config, mode: str = "train") -> Task:
         filled = jnp.where(ev_span > 0, greedy, ev_win)
         lp_orig = jnp.take_along_axis(logp, ev_win[..., None], -1)[..., 0]  # [N, L]
         n_masked = ev_span.sum()
+        hits = jnp.sum((greedy == ev_win) * ev_span, -1)  # [N]
         out = {
-            "eval/fill_accuracy": jnp.sum((greedy == ev_win) * ev_span) / n_masked,
+            "eval/fill_accuracy": hits.sum() / n_masked,
             "eval/sampled_fill_accuracy": jnp.sum(jnp.exp(lp_orig) * ev_span) / n_masked,
             "filled": filled,
         }
+        span_len = ev_span.sum(-1)
+        for k in range(d.span_min, d.span_max + 1):
+            sel = span_len == k
+            out[f"eval/fill_accuracy/len{k}"] = jnp.sum(hits * sel) / jnp.maximum(k * sel.sum(), 1)
         p_span = jnp.exp(jnp.sum(lp_orig * ev_span, -1))  # P(one sample restores the span)
         for k in pass_k:
             out[f"eval/pass@{k}"] = jnp.mean(1.0 - (1.0 - p_span) ** k)
@@ -240,7 +237,8 @@ def build_fill_in(config, mode: str = "train") -> Task:
             vocab=vocab,
         )
 
-    tx, schedule = make_optimizer(config.optim, config.train.num_steps)
+    mu = int(config.grpo.num_iterations)  # updates per step: the schedule spans them all
+    tx, schedule = make_optimizer(config.optim, config.train.num_steps, updates_per_step=mu)
 
     def build(initial_params, mesh=None):  # single-device task: mesh is unused
         step = single_step.make_step(config, policy_logits, sample_prompts, reward_fn, tx, schedule)
@@ -258,6 +256,72 @@ def build_fill_in(config, mode: str = "train") -> Task:
         num_steps=int(config.train.num_steps),
         vocab=vocab,
     )
+
+
+def make_generator(config, vocab_size: int) -> Encoder:
+    """The bidirectional generator: reads V chars + the mask token, outputs the V chars."""
+    m = config.model
+    return Encoder(
+        vocab_size=vocab_size + 1,
+        out_size=vocab_size,
+        num_layers=m.num_layers,
+        num_heads=m.num_heads,
+        d_model=m.d_model,
+        mlp_ratio=m.mlp_ratio,
+        max_len=config.data.window_len,
+        head="tokens",
+    )
+
+
+def single_char_optimum(config, ref_params, judge_params, policies=(), num_windows=1024):
+    """Greedy fill accuracy on held-out single-char spans of: the reference generator, the
+    exact per-window KL-regularised optimum of the GRPO objective, z_ref + (T / beta) · r with
+    r the judge's reward of each of the V fills (what a perfect optimiser of the same judge
+    would reach), and each of ``policies`` (param trees), on the same windows;
+    ``optimum_changed`` is the share of windows where the optimum's fill differs from the
+    reference's.
+
+    A diagnostic for experiments (V judge passes per window), not a training metric."""
+    corpus = data_lib.load_corpus(config.data)
+    v, length = corpus.vocab.size, config.data.window_len
+    n = min(num_windows, max(1, (len(corpus.val) - length) // length))
+    ctx, tgt = data_lib.eval_windows(corpus.val, n, length - 1, 1)
+    windows = jnp.asarray(np.concatenate([ctx, tgt], 1))
+    key = jax.random.PRNGKey(int(config.eval.seed) + 7)  # not the eval spans' key
+    pos = jax.random.randint(key, (n,), 0, length)
+    rows = jnp.arange(n)
+    masked = windows.at[rows, pos].set(v)  # the mask token
+    original = windows[rows, pos]
+    generator = make_generator(config, v)
+    judge_model = judge_lib.make_judge_model(config.judge, v, length)
+
+    @jax.jit
+    def rewards(chunk, chunk_pos):  # [c, L] windows -> [c, V] rewards of every fill
+        c = chunk.shape[0]
+        filled = jnp.broadcast_to(chunk[:, None], (c, v, length))
+        filled = filled.at[jnp.arange(c)[:, None], jnp.arange(v)[None], chunk_pos[:, None]].set(
+            jnp.arange(v)[None]
+        )
+        logit = judge_model.apply({"params": judge_params}, filled.reshape(c * v, length))
+        r = jax.nn.sigmoid(logit) if config.judge.reward == "prob" else logit
+        return r.reshape(c, v)
+
+    step = 64  # judge passes in chunks of 64 x V windows (memory)
+    r = jnp.concatenate(
+        [rewards(windows[i : i + step], pos[i : i + step]) for i in range(0, n, step)]
+    )
+    logits = jax.jit(lambda p: generator.apply({"params": p}, masked)[rows, pos])
+    accuracy = lambda z: float(jnp.mean(jnp.argmax(z, -1) == original))
+    strength = float(config.group.temperature) / float(config.grpo.beta)
+    z_ref = logits(ref_params)
+    z_opt = z_ref + strength * r
+    return {
+        "num_windows": n,
+        "reference": accuracy(z_ref),
+        "optimum": accuracy(z_opt),
+        "optimum_changed": float(jnp.mean(jnp.argmax(z_opt, -1) != jnp.argmax(z_ref, -1))),
+        "policies": [accuracy(logits(p)) for p in policies],
+    }
 
 
 def load_generator(path: str, template):
@@ -290,18 +354,9 @@ def make_pretrain_step(pc, generator, masked_input, tx, schedule, d):
         span = judge_lib.random_spans(k_span, pc.batch_size, length, d.span_min, d.span_max)
         grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
         (loss, acc), grads = grad_fn(state.params, masked_input(windows, span), windows, span)
-        updates, opt_state = tx.update(grads, state.opt_state, state.params)
-        finite = jnp.isfinite(loss)
-        keep = lambda new, old: jax.tree.map(lambda a, b: jnp.where(finite, a, b), new, old)
-        params = keep(optax.apply_updates(state.params, updates), state.params)
-        metrics = {
-            "loss": loss,
-            "train_fill_accuracy": acc,
-            "grad_norm": optax.tree.norm(grads),
-            "learning_rate": schedule(state.step),
-        }
-        return TrainState(
-            state.step + 1, params, keep(opt_state, state.opt_state), state.rng
-        ), metrics
+        state, metrics = supervised_update(state, loss, acc, grads, tx, schedule)
+        # the fill-in name, distinct from the held-out eval/fill_accuracy of the same quantity
+        metrics["train_fill_accuracy"] = metrics.pop("train_accuracy")
+        return state, metrics
 
     return step

@@ -107,7 +107,9 @@ def build_shakespeare(config, mode: str = "train") -> Task:
     pretraining = mode == "pretrain"
     num_steps = config.pretrain.num_steps if pretraining else config.train.num_steps
     lr = config.pretrain.learning_rate if pretraining else None
-    tx, schedule = make_optimizer(config.optim, num_steps, lr)
+    # GRPO steps make grpo.num_iterations optimizer updates each: the schedule spans them all
+    mu = 1 if pretraining else int(config.grpo.num_iterations)
+    tx, schedule = make_optimizer(config.optim, num_steps, lr, updates_per_step=mu)
 
     def build(initial_params, mesh=None):
         if pretraining:

@@ -253,7 +253,9 @@ def build_toy_bandit(config, mode: str = "train") -> Task:
         ]
         return s, {"samples": "\n".join(lines), "best_char": ",".join(map(str, res["greedy"]))}
 
-    tx, schedule = make_optimizer(config.optim, config.train.num_steps)
+    tx, schedule = make_optimizer(
+        config.optim, config.train.num_steps, updates_per_step=int(config.grpo.num_iterations)
+    )
 
     def build(initial_params, mesh=None):  # single-device task: mesh is unused
         rm_params = None

@@ -48,22 +48,35 @@ class StepInputs(NamedTuple):
     ref_state: Any  # n-gram tables or frozen params (or None)
 
 
-def make_optimizer(optim_cfg, num_steps: int, peak_lr: float | None = None):
+def make_optimizer(
+    optim_cfg, num_steps: int, peak_lr: float | None = None, updates_per_step: int = 1
+):
     """AdamW with linear warmup + cosine decay and global-norm clipping.
 
-    Returns (tx, schedule)."""
+    ``num_steps`` and ``optim.warmup_steps`` count training steps. A GRPO step makes
+    ``updates_per_step`` (μ = grpo.num_iterations) optimizer updates and optax's schedule counts
+    updates, so the schedule spans num_steps × μ of them: over num_steps updates it would reach
+    its floor halfway through a μ = 2 run.
+
+    Returns (tx, schedule) with ``schedule(step)`` the learning rate of a step's first update
+    (what the step logs)."""
     lr = optim_cfg.learning_rate if peak_lr is None else peak_lr
-    warmup = min(int(optim_cfg.warmup_steps), max(num_steps - 1, 0))
-    schedule = optax.warmup_cosine_decay_schedule(
+    mu = int(updates_per_step)
+    total = num_steps * mu
+    warmup = min(int(optim_cfg.warmup_steps) * mu, max(total - 1, 0))
+    update_schedule = optax.warmup_cosine_decay_schedule(
         init_value=0.0 if warmup else lr,
         peak_value=lr,
         warmup_steps=warmup,
-        decay_steps=max(num_steps, warmup + 1),
+        decay_steps=max(total, warmup + 1),
         end_value=lr * optim_cfg.end_lr_fraction,
     )
+    schedule = update_schedule if mu == 1 else (lambda step: update_schedule(step * mu))
     chain = [optax.clip_by_global_norm(optim_cfg.grad_clip)] if optim_cfg.grad_clip > 0 else []
     chain.append(
-        optax.adamw(schedule, b1=optim_cfg.b1, b2=optim_cfg.b2, weight_decay=optim_cfg.weight_decay)
+        optax.adamw(
+            update_schedule, b1=optim_cfg.b1, b2=optim_cfg.b2, weight_decay=optim_cfg.weight_decay
+        )
     )
     return optax.chain(*chain), schedule
 

@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 
 from grpo_jax import checkpoint as ckpt_lib
+from grpo_jax import fill_in, sharding, trainer
 from grpo_jax import judge as judge_lib
-from grpo_jax import sharding, trainer
 from grpo_jax.encoder import Encoder
 from grpo_jax.metric_writers import read_metrics
 from grpo_jax.task import build_task
@@ -270,3 +270,70 @@ def captured_template(cfg):
     return model.init(jax.random.PRNGKey(0), jnp.zeros((1, cfg.data.window_len), jnp.int32))[
         "params"
     ]
+
+
+def test_pretrain_logs_its_fill_accuracy(gen_dir):
+    """--mode=pretrain goes through train_step.supervised_update but keeps its metric name."""
+    row = [r for r in read_metrics(gen_dir) if "loss" in r][-1]
+    assert "train_fill_accuracy" in row and "train_accuracy" not in row
+    assert 0.0 <= row["train_fill_accuracy"] <= 1.0 and np.isfinite(row["grad_norm"])
+
+
+def test_lr_schedule_spans_every_update(shakespeare_path, judge_dir):
+    """mu optimizer updates per step: the cosine must run over num_steps * mu updates, so the
+    last step still moves the params (a schedule over num_steps updates reaches lr 0 halfway
+    through a mu = 2 run and freezes the second half)."""
+    cfg = fill_config(shakespeare_path, judge_dir)
+    cfg.optim.warmup_steps, cfg.optim.end_lr_fraction = 0, 0.0
+    mu, n = cfg.grpo.num_iterations, cfg.train.num_steps
+    assert mu == 2 and n == 4
+    task = build_task(cfg, "train")
+    params0 = trainer.initial_params(cfg, task)
+    step, inputs = task.build(params0)
+    step = jax.jit(step)
+    state = task.make_state(params0)
+    lrs = []
+    for _ in range(n):
+        before = jax.device_get(state.params)
+        state, metrics = step(state, inputs)
+        lrs.append(float(metrics["learning_rate"]))
+    moved = [
+        not np.array_equal(a, np.asarray(b))
+        for a, b in zip(jax.tree.leaves(before), jax.tree.leaves(state.params), strict=True)
+    ]
+    assert any(moved)  # the last step's updates had a non-zero learning rate
+    peak = cfg.optim.learning_rate
+    want = [peak * 0.5 * (1 + np.cos(np.pi * s * mu / (n * mu))) for s in range(n)]
+    np.testing.assert_allclose(lrs, want, rtol=1e-5)  # logged: the step's first update's lr
+
+
+def test_eval_reports_greedy_accuracy_per_span_length(shakespeare_path):
+    """eval/fill_accuracy/lenK covers the spans of K chars: with one span length it is the
+    overall greedy accuracy, and there is no key for the lengths that cannot occur."""
+    cfg = get_config()
+    cfg.data.path = str(shakespeare_path)
+    cfg.data.span_min = cfg.data.span_max = 2
+    task = build_task(cfg, "eval")
+    scalars, _ = task.evaluate(trainer.initial_params(cfg, task))
+    assert scalars["eval/fill_accuracy/len2"] == pytest.approx(scalars["eval/fill_accuracy"])
+    assert not {"eval/fill_accuracy/len1", "eval/fill_accuracy/len3"} & set(scalars)
+
+
+def test_single_char_optimum_sits_between_reference_and_judge(shakespeare_path, gen_dir, judge_dir):
+    """The exact optimum z_ref + (T / beta) r: a policy equal to the reference scores as the
+    reference; beta -> inf keeps every reference fill; beta -> 0 follows the judge, whose
+    argmax differs from the reference's somewhere (else the diagnostic would show nothing)."""
+    cfg = fill_config(shakespeare_path, judge_dir)
+    v = 65
+    gen = fill_in.make_generator(cfg, v)
+    zeros = jnp.zeros((1, cfg.data.window_len), jnp.int32)
+    ref = ckpt_lib.load_params(gen_dir, gen.init(jax.random.PRNGKey(0), zeros)["params"])
+    jparams = ckpt_lib.load_params(judge_dir, captured_template(cfg))
+    out = fill_in.single_char_optimum(cfg, ref, jparams, [ref], num_windows=48)
+    assert out["num_windows"] == 48 and out["policies"] == [out["reference"]]
+    assert 0.0 <= out["optimum"] <= 1.0
+    cfg.grpo.beta = 1e9
+    weak = fill_in.single_char_optimum(cfg, ref, jparams, (), 48)
+    assert weak["optimum_changed"] == 0.0 and weak["optimum"] == out["reference"]
+    cfg.grpo.beta = 1e-9
+    assert fill_in.single_char_optimum(cfg, ref, jparams, (), 48)["optimum_changed"] > 0.0
