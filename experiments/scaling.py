@@ -23,8 +23,8 @@ Each V runs in its own subprocess, so the process peak RSS is that V's own. Memo
 
 This CPU's run (2 cores), each V all at once and chunked (``V:chunk``):
 
-  python experiments/scaling.py --vocab_sizes=65,65:13,256,256:32 \
-      --compile_only=1000:250:25,50000:2500:5 --warmup=1 --steps=2
+  python experiments/scaling.py --vocab_sizes=65,65:13:13,256,256:32:32,1000:250:25 \
+      --compile_only=1000:0:0,50000:2500:25,50000:5000:10 --warmup=1 --steps=2
 
 On one GPU (H100/H200), the full table:
 
@@ -73,7 +73,7 @@ flags.DEFINE_list(
 )
 flags.DEFINE_string(
     "chunk_for_v",
-    "1000:250:25,50000:2500:5",
+    "1000:250:25,50000:2500:25",
     "Chunks of a bare V as V:chunk[:loss_chunk],...; unlisted: 0 (all at once).",
 )
 flags.DEFINE_integer("batch_size", 8, "Prompts per step (B).", lower_bound=1)

@@ -241,11 +241,11 @@ def build_fill_in(config, mode: str = "train") -> Task:
     tx, schedule = make_optimizer(config.optim, config.train.num_steps, updates_per_step=mu)
 
     def build(initial_params, mesh=None):  # single-device task: mesh is unused
-        step = single_step.make_step(config, policy_logits, sample_prompts, reward_fn, tx, schedule)
-        # copies: the trainer donates the state, whose params start as these very buffers
-        ref = jax.tree.map(jnp.copy, initial_params) if config.grpo.beta > 0 else None
         logging.info("fill-in: judge from %s, reference = initial generator", j.checkpoint)
-        return step, single_step.Inputs(train_tokens, ref, judge_params)
+        fns = (policy_logits, sample_prompts, reward_fn)
+        return single_step.build(
+            config, *fns, tx, schedule, initial_params, train_tokens, judge_params
+        )
 
     return Task(
         init_params=init_generator,

@@ -83,6 +83,25 @@ def check_grpo_config(config):
         raise ValueError(f"grpo.num_iterations={gr.num_iterations} must be >= 1")
 
 
+def build(
+    config,
+    policy_logits,
+    sample_prompts,
+    reward_fn,
+    tx,
+    schedule,
+    initial_params,
+    data,
+    reward_params,
+):
+    """A task's (step, Inputs): make_step's step, with the frozen reference a copy of the
+    initial params (none when grpo.beta == 0). A copy, because the trainer donates the state,
+    whose params start as these very buffers."""
+    step = make_step(config, policy_logits, sample_prompts, reward_fn, tx, schedule)
+    ref = jax.tree.map(jnp.copy, initial_params) if config.grpo.beta > 0 else None
+    return step, Inputs(data, ref, reward_params)
+
+
 def make_step(
     config,
     policy_logits: Callable,

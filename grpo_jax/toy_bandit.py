@@ -77,31 +77,39 @@ class RewardModel(nn.Module):
         return nn.Dense(1)(h)[..., 0]
 
 
+def fit(loss_of_batch, params, key, cfg):
+    """Adam on ``loss_of_batch(params, key)`` for cfg.num_steps fresh batches, one lax.scan.
+
+    Returns (params, per-step losses)."""
+    tx = optax.adam(cfg.learning_rate)
+
+    def step(carry, k):
+        params, opt = carry
+        loss, grads = jax.value_and_grad(loss_of_batch)(params, k)
+        updates, opt = tx.update(grads, opt, params)
+        return (optax.apply_updates(params, updates), opt), loss
+
+    keys = jax.random.split(key, cfg.num_steps)
+    (params, _), losses = jax.jit(lambda p, o, ks: jax.lax.scan(step, (p, o), ks))(
+        params, tx.init(params), keys
+    )
+    return params, losses
+
+
 def train_sft(policy, world, key, cfg):
     """Cross-entropy on tokens sampled from the true preferences (Adam, one lax.scan)."""
     emb, logp_true = jnp.asarray(world.embeddings), jnp.log(jnp.asarray(world.prefs))
     k_init, k_data = jax.random.split(key)
     params = policy.init(k_init, emb[:1])["params"]
-    tx = optax.adam(cfg.learning_rate)
 
-    def step(carry, k):
-        params, opt = carry
+    def loss_fn(p, k):
         kc, kt = jax.random.split(k)
         ctx = jax.random.randint(kc, (cfg.batch_size,), 0, emb.shape[0])
         tok = jax.random.categorical(kt, logp_true[ctx])
+        logits = policy.apply({"params": p}, emb[ctx])
+        return optax.softmax_cross_entropy_with_integer_labels(logits, tok).mean()
 
-        def loss_fn(p):
-            logits = policy.apply({"params": p}, emb[ctx])
-            return optax.softmax_cross_entropy_with_integer_labels(logits, tok).mean()
-
-        loss, grads = jax.value_and_grad(loss_fn)(params)
-        updates, opt = tx.update(grads, opt, params)
-        return (optax.apply_updates(params, updates), opt), loss
-
-    keys = jax.random.split(k_data, cfg.num_steps)
-    (params, _), losses = jax.jit(lambda p, o, ks: jax.lax.scan(step, (p, o), ks))(
-        params, tx.init(params), keys
-    )
+    params, losses = fit(loss_fn, params, k_data, cfg)
     return params, float(losses[-100:].mean())
 
 
@@ -114,30 +122,19 @@ def train_reward_model(rm, world, key, cfg):
     n, v = prefs.shape
     k_init, k_data = jax.random.split(key)
     params = rm.init(k_init, emb[:1], jnp.zeros((1,), jnp.int32))["params"]
-    tx = optax.adam(cfg.learning_rate)
 
-    def step(carry, k):
-        params, opt = carry
+    def loss_fn(p, k):
         kc, ka, kb, kl = jax.random.split(k, 4)
         b = cfg.batch_size
         ctx = jax.random.randint(kc, (b,), 0, n)
         ta, tb = jax.random.randint(ka, (b,), 0, v), jax.random.randint(kb, (b,), 0, v)
         p_a = jax.nn.sigmoid(cfg.bt_scale * (prefs[ctx, ta] - prefs[ctx, tb]))
         label = jax.random.bernoulli(kl, p_a).astype(jnp.float32)
+        ra = rm.apply({"params": p}, emb[ctx], ta)
+        rb = rm.apply({"params": p}, emb[ctx], tb)
+        return optax.sigmoid_binary_cross_entropy(ra - rb, label).mean()
 
-        def loss_fn(p):
-            ra = rm.apply({"params": p}, emb[ctx], ta)
-            rb = rm.apply({"params": p}, emb[ctx], tb)
-            return optax.sigmoid_binary_cross_entropy(ra - rb, label).mean()
-
-        loss, grads = jax.value_and_grad(loss_fn)(params)
-        updates, opt = tx.update(grads, opt, params)
-        return (optax.apply_updates(params, updates), opt), loss
-
-    keys = jax.random.split(k_data, cfg.num_steps)
-    (params, _), _ = jax.jit(lambda p, o, ks: jax.lax.scan(step, (p, o), ks))(
-        params, tx.init(params), keys
-    )
+    params, _ = fit(loss_fn, params, k_data, cfg)
     scores = np.asarray(rm_table(rm, params, emb, v))  # [N, V]
     true = np.asarray(prefs)
     dt = true[:, :, None] - true[:, None, :]
@@ -264,10 +261,8 @@ def build_toy_bandit(config, mode: str = "train") -> Task:
                 rm, world, jax.random.PRNGKey(world_seed + 10_000), t.rm
             )
             logging.info("toy bandit: reward model pairwise accuracy %.4f", pair_acc)
-        step = single_step.make_step(config, policy_logits, sample_prompts, reward_fn, tx, schedule)
-        # a copy: the trainer donates the state, whose params start as these very buffers
-        ref = jax.tree.map(jnp.copy, initial_params) if config.grpo.beta > 0 else None
-        return step, single_step.Inputs(None, ref, rm_params)
+        fns = (policy_logits, sample_prompts, reward_fn)
+        return single_step.build(config, *fns, tx, schedule, initial_params, None, rm_params)
 
     return Task(
         init_params=init_params,
