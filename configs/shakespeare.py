@@ -91,7 +91,8 @@ def get_config(arg=None):
     c.grpo.kl_estimator = "exact_forward"
     c.grpo.loss_agg = "sequence-mean-token-mean"  # see objective.AGGREGATIONS
     # mu: optimizer updates per batch of rollouts. 2 learns more per CPU second than fresh
-    # rollouts do (the rollouts cost about as much as one update)
+    # rollouts do (the rollouts cost about as much as one update). The lr schedule spans all
+    # num_steps x mu updates
     c.grpo.num_iterations = 2
     # group | batch | none. "none" keeps raw reward differences: normalised per-position
     # advantages of the continuations mostly reward matching a text the member has left.
@@ -110,9 +111,11 @@ def get_config(arg=None):
 
     c.train = config_dict.ConfigDict()
     # prompts per step (global across devices). On a CPU budget more updates beat bigger
-    # batches: B=2 x 300 steps ends higher than B=4 x 150 (plain_config.md)
+    # batches: B=2 x 300 steps ended higher than B=4 x 150 (plain_config.md, second round)
     c.train.batch_size = 2
-    c.train.num_steps = 300  # GRPO steps (~10 min exhaustive on a quiet 2-core CPU)
+    # GRPO steps: 9 min 37 s exhaustive on a quiet 2-core CPU, 35.5 % held-out next-char
+    # accuracy (bigram 27.2 %, trigram 38.3 % on the same windows)
+    c.train.num_steps = 300
     c.train.log_every = 5  # metrics cadence (host sync only here)
     c.train.eval_every = 50  # held-out evaluation cadence
     c.train.checkpoint_every = 50  # checkpoint cadence

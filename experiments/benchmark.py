@@ -6,7 +6,8 @@ The LAST printed line is one JSON object (also appended to --out when given).
 
   GRPO_JAX_DATA=/work/shared/data/tinyshakespeare.txt python experiments/benchmark.py \
       --config=configs/shakespeare.py:sampled --config.group.size=8 \
-      --config.reference.kind=policy --config.grpo.kl_estimator=k3 --config.reward.terms=match
+      --config.reference.kind=policy --config.grpo.kl_estimator=k3 --config.reward.terms=match \
+      --config.grpo.beta=0.04 --config.train.batch_size=8 --config.grpo.num_iterations=1
   python experiments/benchmark.py --config=configs/shakespeare.py            # exhaustive
   python experiments/benchmark.py --config=configs/shakespeare.py:tiny --steps=3 --out=b.jsonl
 """
