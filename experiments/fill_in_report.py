@@ -1,0 +1,279 @@
+"""fill_in.md, fill_in_curves.png: the report of experiments/fill_in.py.
+
+Renders the runner's summary (the dict it writes to fill_in.json) and the ablation file
+(fill_in_ablation.json) as markdown tables, the verdict and the learning-curve figure; it
+runs nothing. ``metric_keys`` names the held-out metrics both the runner and the tables use.
+"""
+
+from pathlib import Path
+
+import numpy as np
+
+EVAL_KEYS = (
+    "eval/judge_reward",
+    "eval/fill_accuracy",
+    "eval/sampled_fill_accuracy",
+    "eval/pass@1",
+    "eval/pass@4",
+)
+WHY = """Why: a judge trained against the generator's own samples estimates
+logit ≈ log p_data(fill) / π_ref(fill) + const, and the KL-regularised optimum of
+E_π[r] − β KL(π‖π_ref) is π ∝ π_ref · exp(r/β). The policy and its KL are those of the
+tempered generator softmax(z/T), so in the generator's own logits the optimum is
+z = z_ref + (T/β)·r: T = β = 0.5 aims at the same greedy fill as T = β = 1
+(π ∝ π_ref · exp(logit), the judge-corrected generator) while the group's samples fall on
+the few plausible chars whose order decides that fill."""
+READING = """* Reading: the judge carries the information (its exact optimum raises greedy
+accuracy), and GRPO raises the train reward, the judge reward, sampled accuracy and pass@k,
+but in a CPU-sized run it learns only part of that optimum's per-window correction. Greedy
+accuracy is decided by near-ties of the top two chars; in the ablation runs the change GRPO
+makes to the top-1 minus top-2 margin correlates {corr} with the optimum's at {slope} of its
+size (`top2_margin` in the ablation file), so it flips about as many right argmaxes away as
+wrong ones right. Supervised distillation of the exact single-char optimum into the
+generator (not GRPO; rows `distill_*`) did no better on 2-3-char spans."""
+
+
+def metric_keys(cfg):
+    """EVAL_KEYS and the greedy accuracy per span length (eval/fill_accuracy/lenK)."""
+    spans = range(cfg.data.span_min, cfg.data.span_max + 1)
+    return (*EVAL_KEYS, *(f"eval/fill_accuracy/len{k}" for k in spans))
+
+
+def fmt(x, nd=4):
+    return f"{x:.{nd}f}"
+
+
+def table(head, rows):
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    return lines + ["| " + " | ".join(r) + " |" for r in rows]
+
+
+def short(key):
+    return key.removeprefix("eval/")
+
+
+def eval_table(evals, keys):
+    rows = [[str(e["step"]), *(fmt(e[k]) for k in keys)] for e in evals]
+    return table(["step", *map(short, keys)], rows)
+
+
+def mean_std_table(runs, keys):
+    """Eval metrics mean ± std over seeds at each eval step."""
+    rows = []
+    for i, e in enumerate(runs[0]["eval"]):
+        vals = [np.array([r["eval"][i][k] for r in runs]) for k in keys]
+        cell = lambda v: f"{v.mean():.4f} ± {v.std(ddof=1) if len(v) > 1 else 0.0:.4f}"
+        rows.append([str(e["step"]), *map(cell, vals)])
+    return table(["step", *map(short, keys)], rows)
+
+
+def windows_table(runs, seeds):
+    head = ["steps", *(f"reward_mean s{s}" for s in seeds), "reward_mean (mean)"]
+    head += ["sample_fill_accuracy (mean)", "kl (mean)"]
+    rows = []
+    for i, w in enumerate(runs[0]["train_windows"]):
+        at = lambda k: [r["train_windows"][i][k] for r in runs]
+        rs = at("reward_mean")
+        means = (np.mean(rs), np.mean(at("sample_fill_accuracy")), np.mean(at("kl")))
+        rows.append([w["steps"], *map(fmt, rs), *map(fmt, means)])
+    return table(head, rows)
+
+
+def ablation_section(ab):
+    if ab is None:
+        return []
+    judges = [
+        [k, j["corruptions"], str(j["steps"]), fmt(j["held_out_accuracy"])]
+        + [fmt(j["optimum_greedy_1char"])]
+        for k, j in ab["judges"].items()
+    ]
+    head = ["run", "judge", "change vs old defaults", "lr schedule", "Δ greedy"]
+    head += ["Δ greedy len1", "Δ greedy len3", "Δ sampled", "Δ pass@1", "Δ judge reward"]
+    head += ["train reward_mean first→last 10%", "1-char greedy"]
+    rows = []
+    for r in ab["runs"]:
+        d = lambda k, nd=4: f"{r['d_' + k]:+.{nd}f}"
+        reward = "-"
+        if "reward_mean_first" in r:
+            reward = f"{r['reward_mean_first']:.3f} → {r['reward_mean_last']:.3f}"
+        cells = [d("fill_accuracy"), d("fill_accuracy/len1"), d("fill_accuracy/len3")]
+        cells += [d("sampled_fill_accuracy"), d("pass@1"), d("judge_reward", 3)]
+        rows.append([r["run"], r["judge"], r["change"], r["schedule"], *cells, reward])
+        rows[-1].append(fmt(r["greedy_1char"]))
+    jhead = ["judge", "corruptions", "steps", "held-out accuracy", "exact optimum, 1-char greedy"]
+    return [
+        "## Ablation (what was tried; separate runs, `fill_in_ablation.json`)",
+        "",
+        ab["note"],
+        "",
+        *table(jhead, judges),
+        "",
+        *table(head, rows),
+        "",
+    ]
+
+
+def plot(runs, seeds, base, out: Path):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(1, 3, figsize=(15, 4))
+    for r, s in zip(runs, seeds, strict=True):
+        st = [c["step"] for c in r["train_curve"]]
+        rw = np.convolve([c["reward_mean"] for c in r["train_curve"]], np.ones(5) / 5, "same")
+        ax[0].plot(st, rw, label=f"seed {s}")
+        es = [e["step"] for e in r["eval"]]
+        ax[1].plot(es, [e["eval/judge_reward"] for e in r["eval"]], "o-", label=f"seed {s}")
+        ax[2].plot(es, [e["eval/fill_accuracy"] for e in r["eval"]], "o-", label=f"greedy s{s}")
+        sampled = [e["eval/sampled_fill_accuracy"] for e in r["eval"]]
+        ax[2].plot(es, sampled, "s--", label=f"sampled s{s}")
+    if base is not None:
+        es = [e["step"] for e in base["eval"]]
+        greedy = [e["eval/fill_accuracy"] for e in base["eval"]]
+        ax[2].plot(es, greedy, "k:", label="greedy, old GRPO defaults")
+    ax[0].set(title="train reward_mean (judge logit, 5-log moving avg)", xlabel="step")
+    ax[1].set(title="held-out judge reward of greedy fills", xlabel="step")
+    ax[2].set(title="held-out fill accuracy", xlabel="step")
+    for a in ax:
+        a.legend(fontsize=7)
+        a.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(out, dpi=110)
+
+
+def verdict(runs, seeds, opt, base, ab, keys):
+    first = {k: np.array([r["eval"][0][k] for r in runs]) for k in keys}
+    final = {k: np.array([r["eval"][-1][k] for r in runs]) for k in keys}
+    sd = lambda x: float(np.std(x, ddof=1)) if len(x) > 1 else 0.0
+    md = []
+    for k in keys:
+        d = final[k] - first[k]
+        md.append(
+            f"* {short(k)}: {first[k].mean():.4f} → {final[k].mean():.4f} (Δ {d.mean():+.4f}, "
+            f"per seed {', '.join(f'{x:+.4f}' for x in d)}; seed std of the final "
+            f"{sd(final[k]):.4f})"
+        )
+    w0 = [r["train_windows"][0]["reward_mean"] for r in runs]
+    w1 = [r["train_windows"][-1]["reward_mean"] for r in runs]
+    pairs = ", ".join(f"{a:.3f}→{b:.3f}" for a, b in zip(w0, w1, strict=True))
+    md.append(f"* train reward_mean, first vs last window: per seed {pairs}")
+    rises = {short(k): bool(np.all(final[k] > first[k])) for k in keys}
+    gain = final["eval/fill_accuracy"] - first["eval/fill_accuracy"]
+    word = "RISES" if rises["fill_accuracy"] else "does NOT rise"
+    md.append(
+        f"* Held-out greedy fill accuracy {word} in every seed (mean Δ {gain.mean():+.4f}, "
+        f"{gain.mean() / max(sd(gain), 1e-9):.1f} seed-standard-deviations of the Δ). Rises "
+        f"in every seed: {', '.join(k for k, v in rises.items() if v) or 'none'}; not: "
+        f"{', '.join(k for k, v in rises.items() if not v) or 'none'}."
+    )
+    ref, pol = opt["reference"], opt["policies"]
+    named = [f"s{s} {fmt(a)} ({a - ref:+.4f})" for s, a in zip(seeds, pol, strict=False)]
+    if base is not None:
+        named.append(f"old GRPO defaults {fmt(pol[-1])} ({pol[-1] - ref:+.4f})")
+    md.append(
+        f"* Exact optimum of the same objective on {opt['num_windows']} held-out single-char "
+        f"spans (z_ref + (T/β)·r over all V fills, `fill_in.single_char_optimum`): reference "
+        f"greedy {fmt(ref)}, optimum {fmt(opt['optimum'])} ({opt['optimum'] - ref:+.4f}); "
+        f"final policies {', '.join(named)}."
+    )
+    if ab is not None and not rises["fill_accuracy"]:  # why greedy accuracy lags
+        grpo_runs = {k: v for k, v in ab["top2_margin"]["runs"].items() if "distill" not in k}
+        t2 = np.array(list(grpo_runs.values()))
+        corr = f"{t2[:, 0].min():.2f}-{t2[:, 0].max():.2f}"
+        md.append(READING.format(corr=corr, slope=f"{t2[:, 1].min():.2f}-{t2[:, 1].max():.2f}"))
+    return md
+
+
+def markdown(summary, cfg, ab, root, window, config_path):
+    """fill_in.md's lines: ``summary`` is fill_in.json's dict, ``ab`` the ablation file's (or
+    None), ``cfg`` the committed config at ``config_path``, ``window`` the train steps per
+    reward_mean window and ``root`` the workdirs' folder (both as the runner was given)."""
+    c, keys, seeds = cfg, metric_keys(cfg), summary["seeds"]
+    runs = [summary["grpo"][f"seed{s}"] for s in seeds]
+    opt, baseline = summary["single_char_optimum"], summary["baseline"]
+    base = baseline["grpo"] if baseline else None
+    times, cmds = summary["wall_s"], summary["commands"]
+    judge_eval, gen_eval = summary["judge_final_eval"], summary["generator_final_eval"]
+    minutes = sum(times.values()) / 60
+    gen_line = (
+        f"Supervised generator after {gen_eval['step']} steps (its last held-out eval while "
+        f"pretraining, = step 0 below): greedy {fmt(gen_eval['eval/fill_accuracy'])}, sampled "
+        f"{fmt(gen_eval['eval/sampled_fill_accuracy'])}."
+    )
+    judge_rows = [[short(k), fmt(v)] for k, v in judge_eval.items() if k.startswith("eval/")]
+    md = [
+        "# Single-step fill-in with a judge: GRPO against a frozen judge",
+        "",
+        f"Device: {summary['device']}; no accelerator. Produced by `experiments/fill_in.py` (root "
+        f"`{root}`) with the committed defaults of `{config_path}`.",
+        "",
+        "## Commands",
+        "",
+        "```bash",
+        "export GRPO_JAX_DATA=/work/shared/data/tinyshakespeare.txt",
+        f"python experiments/fill_in.py --root={root} --seeds={','.join(map(str, seeds))}"
+        + (" --baseline" if base else ""),
+        "# which ran:",
+        *cmds.values(),
+        "```",
+        "",
+        "Wall-clock per stage (s; the 2-core CPU was shared with another process): "
+        + ", ".join(f"{k} {v}" for k, v in times.items())
+        + f"; total {minutes:.1f} min.",
+        "",
+        "## Setting",
+        "",
+        f"* Window {c.data.window_len} chars, one masked span of {c.data.span_min}-"
+        f"{c.data.span_max} chars; generator and judge are {c.model.num_layers}x"
+        f"{c.model.d_model} bidirectional encoders.",
+        f"* Supervised generator (`--mode=pretrain`, {c.pretrain.num_steps} steps): the GRPO "
+        "init, the frozen KL reference, and the source of the judge's `generator` negatives.",
+        f"* Judge (`--mode=train_judge`, {c.judge.num_steps} steps): real windows vs. windows "
+        f"whose span is corrupted by one of `{c.judge.corruptions}`.",
+        f"* GRPO: reward = the frozen judge's window `{c.judge.reward}` of the filled window "
+        f"(nothing else; it never sees the original), G={c.group.size} fills per window "
+        f"sampled at T={c.group.temperature}, {c.train.batch_size} windows/step, "
+        f"{c.train.num_steps} steps, lr {c.optim.learning_rate} (cosine over all num_steps x "
+        f"mu updates), exact KL to the reference with beta={c.grpo.beta}, advantages "
+        f"`{c.grpo.advantage_scale}`, mu={c.grpo.num_iterations}.",
+        "",
+        WHY,
+        "",
+        "## Judge (held-out real-vs-corrupted, its own corruptions, fixed val windows)",
+        "",
+        *table(["metric", "value"], judge_rows),
+        "",
+        gen_line,
+        "",
+        f"## GRPO: held-out metrics (mean ± std over seeds {', '.join(map(str, seeds))})",
+        "",
+        "`fill_accuracy`: greedy fill = original char, share of masked chars (`/lenK`: spans "
+        "of K chars); `sampled_fill_accuracy`: mean π(original char) at T = 1; `pass@k`: a "
+        "whole span restored in k samples at T = 1 (exact); `judge_reward`: the judge's reward "
+        f"of the greedy fills. Step 0 is the supervised generator. All on the same "
+        f"{c.eval.num_windows} held-out windows and spans.",
+        "",
+        *mean_std_table(runs, keys),
+        "",
+    ]
+    for s, r in zip(seeds, runs, strict=True):
+        md += [f"Seed {s}:", "", *eval_table(r["eval"], keys), ""]
+    md += [
+        f"## GRPO: train reward_mean per {window}-step window",
+        "",
+        f"(train `sample_fill_accuracy` is over the T = {c.group.temperature} samples.)",
+        "",
+        *windows_table(runs, seeds),
+        "",
+        "## Verdict",
+        "",
+        *verdict(runs, seeds, opt, base, ab, keys),
+        "",
+    ]
+    if base is not None:
+        md += ["## Baseline: the previous GRPO defaults, same judge (seed 0)", ""]
+        md += [f"`{' '.join(baseline['flags'])}` (with the lr-schedule fix):", ""]
+        md += [*eval_table(base["eval"], keys), ""]
+    return md + ablation_section(ab) + ["![learning curves](fill_in_curves.png)", ""]
