@@ -12,8 +12,10 @@ under ``--out_dir``:
   exhaustive_vs_sampled.md        the table (mean ± std over seeds, and min–max), device, command
   exhaustive_vs_sampled.json      every run's raw figures and eval curves
   exhaustive_vs_sampled_<metric>.png   learning curves, mean ± std band over seeds vs step
+  exhaustive_vs_sampled_<mode>_char_heatmap.png   exhaustive/adaptive modes: the first seed's
+                                       per-first-char heatmap (not with --vmap_seeds)
 
-The committed CPU-sized run (2 cores, ~20 min for all nine runs):
+The committed CPU-sized run (2 cores, ~7 min for all nine runs):
 
   GRPO_JAX_DATA=/work/shared/data/tinyshakespeare.txt python experiments/exhaustive_vs_sampled.py \
       --config=configs/shakespeare.py --seeds=3 --modes=sampled,exhaustive,guided \
@@ -96,6 +98,10 @@ def load_config(flag, mode: str):
     return config
 
 
+# the model (a hashable flax module) is static: one compilation serves every run of a model
+_prefill = jax.jit(ro.prefill, static_argnums=0)
+
+
 def held_out_entropy(config, params, vocab_size: int):
     """Mean policy entropy (nats, temperature 1) of the first char on the eval windows."""
     c, h = config.data.context_len, config.data.horizon
@@ -103,7 +109,7 @@ def held_out_entropy(config, params, vocab_size: int):
     model = make_model(config.model, vocab_size, max_len)
     corpus = data_lib.load_corpus(config.data)
     ctx, _ = data_lib.eval_windows(corpus.val, config.eval.num_windows, c, h)
-    first_logits, _ = jax.jit(lambda p, x: ro.prefill(model, p, x))(params, jnp.asarray(ctx))
+    first_logits, _ = _prefill(model, params, jnp.asarray(ctx))
     return float(ro.entropy_of_logp(jax.nn.log_softmax(first_logits.astype(jnp.float32))).mean())
 
 
@@ -208,27 +214,21 @@ def main(argv):
                 eval_task = eval_task or task_lib.build_task(config, "train")
                 init_evals[seed] = eval_task.evaluate(trainer.initial_params(config, eval_task))[0]
         configs[mode] = cfgs[0]
+        per_seed = []  # (params, last metrics, rows, wall time, workdir) per seed
         if FLAGS.vmap_seeds:
             print(f"[{mode} seeds {seeds}] {cfgs[0].train.num_steps} steps, vmapped", flush=True)
             task = task_lib.build_task(cfgs[0], "train")
             params, lasts, rowss, wall = run_vmapped(cfgs[0], seeds, task)
-            workdirs = [None] * len(seeds)
-            walls = [wall / len(seeds)] * len(seeds)  # the set's wall time, shared out
+            wall /= len(seeds)  # the set's wall time, shared out
+            for p, last, rows in zip(params, lasts, rowss, strict=True):
+                per_seed.append((p, last, rows, wall, None))
         else:
-            params, lasts, rowss, walls, workdirs = [], [], [], [], []
             for config in cfgs:
                 workdir = root / mode / f"seed_{config.seed}"
                 print(f"[{mode} seed {config.seed}] -> {workdir}", flush=True)
                 state, last, rows, wall = run_one(config, workdir)
-                for lst, x in zip(
-                    (params, lasts, rowss, walls, workdirs),
-                    (state.params, last, rows, wall, workdir),
-                    strict=True,
-                ):
-                    lst.append(x)
-        for config, p, last, rows, wall, workdir in zip(
-            cfgs, params, lasts, rowss, walls, workdirs, strict=True
-        ):
+                per_seed.append((state.params, last, rows, wall, workdir))
+        for config, (p, last, rows, wall, workdir) in zip(cfgs, per_seed, strict=True):
             seed, init_scalars = config.seed, init_evals[config.seed]
             # the first logged interval includes the step's compilation: left out
             step_times = [r["step_time_s"] for r in rows if "step_time_s" in r]
@@ -289,9 +289,9 @@ def main(argv):
 
 
 def command_line():
-    args = [a for a in sys.argv[1:]]
     env = f"GRPO_JAX_DATA={os.environ['GRPO_JAX_DATA']} " if "GRPO_JAX_DATA" in os.environ else ""
-    return env + "python experiments/exhaustive_vs_sampled.py " + " ".join(map(shlex.quote, args))
+    args = " ".join(map(shlex.quote, sys.argv[1:]))
+    return env + "python experiments/exhaustive_vs_sampled.py " + args
 
 
 if __name__ == "__main__":

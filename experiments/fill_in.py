@@ -23,6 +23,7 @@ experiments/results/fill_in_ablation.json (separate runs, described there).
 """
 
 import argparse
+import ast
 import json
 import os
 import platform
@@ -32,8 +33,17 @@ import sys
 import time
 from pathlib import Path
 
+import jax
+import jax.numpy as jnp
 import numpy as np
 from fill_in_report import markdown, metric_keys, plot
+
+from grpo_jax import checkpoint as ckpt_lib
+from grpo_jax import config_blocks, fill_in, trainer
+from grpo_jax import data as data_lib
+from grpo_jax import judge as judge_lib
+from grpo_jax.metric_writers import read_metrics
+from grpo_jax.task import build_task
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIG = "configs/fill_in.py"
@@ -48,32 +58,28 @@ BASELINE_GRPO = [  # the GRPO defaults before this tuning (the judge is the same
 ]
 
 
-def read_metrics(workdir: Path):
-    path = workdir / "metrics.jsonl"
-    if not path.exists():
-        return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+def literal(text: str):
+    """A flag value as Python reads it (1.0, 16, False), else the string itself ("prob")."""
+    try:
+        return ast.literal_eval(text)
+    except (ValueError, SyntaxError):
+        return text
 
 
 def load_config(flags=()):
-    """configs/fill_in.py with --config.KEY=VALUE flags applied (typed like the default)."""
-    sys.path.insert(0, str(ROOT))
-    from grpo_jax.config_blocks import load_config as load
-
-    cfg = load(str(ROOT / CONFIG))
-    for flag in flags:
-        key, value = flag.removeprefix("--config.").split("=", 1)
-        parent, leaf = key.rsplit(".", 1) if "." in key else ("", key)
-        old = (cfg[parent] if parent else cfg)[leaf]
-        cfg.update_from_flattened_dict({key: type(old)(value) if old is not None else value})
-    return cfg
+    """configs/fill_in.py with --config.KEY=VALUE flags applied (ConfigDict checks the types)."""
+    overrides = dict(f.removeprefix("--config.").split("=", 1) for f in flags)
+    return config_blocks.load_config(
+        str(ROOT / CONFIG), **{k: literal(v) for k, v in overrides.items()}
+    )
 
 
 def run_stage(name, workdir, mode, flags, num_steps, args, times):
     cmd = [sys.executable, "-m", "grpo_jax.main", f"--config={CONFIG}", f"--mode={mode}"]
     cmd += [f"--workdir={workdir}", "--config.logging.progress=False", *flags]
     shown = " ".join(["python", *cmd[1:]])
-    if max((r["step"] for r in read_metrics(workdir)), default=0) >= num_steps:
+    done = read_metrics(workdir) if (workdir / "metrics.jsonl").exists() else []
+    if max((r["step"] for r in done), default=0) >= num_steps:
         print(f"[{name}] done already in {workdir}")
         return shown
     if args.report_only:
@@ -88,9 +94,6 @@ def run_stage(name, workdir, mode, flags, num_steps, args, times):
 
 def step0_eval(cfg_flags, gen: Path, judge: Path):
     """The supervised generator on the GRPO run's held-out set, judged by the GRPO judge."""
-    from grpo_jax import trainer
-    from grpo_jax.task import build_task
-
     cfg = load_config(cfg_flags)
     cfg.init_from, cfg.judge.checkpoint = str(gen), str(judge)
     task = build_task(cfg, "eval")
@@ -100,14 +103,6 @@ def step0_eval(cfg_flags, gen: Path, judge: Path):
 
 def optimum_diagnostic(gen: Path, judge: Path, policies, num_windows=2048):
     """fill_in.single_char_optimum with the committed config, the GRPO judge and policies."""
-    import jax
-    import jax.numpy as jnp
-
-    from grpo_jax import checkpoint as ckpt_lib
-    from grpo_jax import data as data_lib
-    from grpo_jax import fill_in
-    from grpo_jax import judge as judge_lib
-
     cfg = load_config()
     cfg.judge.checkpoint = str(judge)
     v, length = data_lib.load_corpus(cfg.data).vocab.size, cfg.data.window_len
@@ -159,20 +154,19 @@ def main():
     jflags = [f"--config.judge.negatives_from={gen}"]
     cmds["judge"] = run_stage("judge", judge, "train_judge", jflags, c.judge.num_steps, args, times)
     common = [f"--config.judge.checkpoint={judge}", f"--config.init_from={gen}"]
-    step0 = step0_eval([], gen, judge)
+    step0, keys, n = step0_eval([], gen, judge), metric_keys(c), c.train.num_steps
     runs = []
     for s in seeds:
         wd, flags = root / f"grpo_s{s}", [*common, f"--config.seed={s}"]
-        n = c.train.num_steps
         cmds[f"grpo_s{s}"] = run_stage(f"grpo_s{s}", wd, "train", flags, n, args, times)
-        runs.append(grpo_summary(wd, step0, args.window, metric_keys(c)))
+        runs.append(grpo_summary(wd, step0, args.window, keys))
     base, policies = None, [root / f"grpo_s{s}" for s in seeds]
     if args.baseline:
         gb, n = root / "grpo_base", load_config(BASELINE_GRPO).train.num_steps
         flags = [*common, *BASELINE_GRPO]
         cmds["grpo_base"] = run_stage("grpo_base", gb, "train", flags, n, args, times)
         step0_base = step0_eval(BASELINE_GRPO, gen, judge)
-        base = grpo_summary(gb, step0_base, 100, metric_keys(c))
+        base = grpo_summary(gb, step0_base, 100, keys)
         policies.append(gb)
     t0 = time.perf_counter()
     opt = optimum_diagnostic(gen, judge, policies)

@@ -43,6 +43,11 @@ def fmt(x, nd=4):
     return f"{x:.{nd}f}"
 
 
+def sd(x):
+    """Sample std over seeds (ddof=1; 0 for one seed)."""
+    return float(np.std(x, ddof=1)) if len(x) > 1 else 0.0
+
+
 def table(head, rows):
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     return lines + ["| " + " | ".join(r) + " |" for r in rows]
@@ -62,8 +67,7 @@ def mean_std_table(runs, keys):
     rows = []
     for i, e in enumerate(runs[0]["eval"]):
         vals = [np.array([r["eval"][i][k] for r in runs]) for k in keys]
-        cell = lambda v: f"{v.mean():.4f} ± {v.std(ddof=1) if len(v) > 1 else 0.0:.4f}"
-        rows.append([str(e["step"]), *map(cell, vals)])
+        rows.append([str(e["step"]), *(f"{v.mean():.4f} ± {sd(v):.4f}" for v in vals)])
     return table(["step", *map(short, keys)], rows)
 
 
@@ -98,8 +102,8 @@ def ablation_section(ab):
             reward = f"{r['reward_mean_first']:.3f} → {r['reward_mean_last']:.3f}"
         cells = [d("fill_accuracy"), d("fill_accuracy/len1"), d("fill_accuracy/len3")]
         cells += [d("sampled_fill_accuracy"), d("pass@1"), d("judge_reward", 3)]
-        rows.append([r["run"], r["judge"], r["change"], r["schedule"], *cells, reward])
-        rows[-1].append(fmt(r["greedy_1char"]))
+        cells += [reward, fmt(r["greedy_1char"])]
+        rows.append([r["run"], r["judge"], r["change"], r["schedule"], *cells])
     jhead = ["judge", "corruptions", "steps", "held-out accuracy", "exact optimum, 1-char greedy"]
     return [
         "## Ablation (what was tried; separate runs, `fill_in_ablation.json`)",
@@ -146,7 +150,6 @@ def plot(runs, seeds, base, out: Path):
 def verdict(runs, seeds, opt, base, ab, keys):
     first = {k: np.array([r["eval"][0][k] for r in runs]) for k in keys}
     final = {k: np.array([r["eval"][-1][k] for r in runs]) for k in keys}
-    sd = lambda x: float(np.std(x, ddof=1)) if len(x) > 1 else 0.0
     md = []
     for k in keys:
         d = final[k] - first[k]

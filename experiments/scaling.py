@@ -17,11 +17,11 @@ unlisted: 0 = all V actions at once; loss_chunk 0 = the rollout's chunk).
 (``memory_analysis``) on this device, with no time. On a CPU that cannot run V = 50,000 in
 reasonable time this still shows whether the chunked step's buffers fit a given memory.
 
-Each V runs in its own subprocess, so the process peak RSS is that V's own. Memory: on GPU
+Each run goes in its own subprocess, so the process peak RSS is that run's own. Memory: on GPU
 ``device.memory_stats()["peak_bytes_in_use"]``; on CPU the step executable's
 ``compiled.memory_analysis()`` argument + output + temp (- aliased), plus the process peak RSS.
 
-This CPU's run (2 cores), each V all at once and chunked (``V:chunk``):
+This CPU's run (2 cores), each V all at once and chunked (``V:chunk:loss_chunk``):
 
   python experiments/scaling.py --vocab_sizes=65,65:13:13,256,256:32:32,1000:250:25 \
       --compile_only=1000:0:0,50000:2500:25,50000:5000:10 --warmup=1 --steps=2
@@ -31,7 +31,8 @@ On one GPU (H100/H200), the full table:
   python experiments/scaling.py --vocab_sizes=65,256,1000,50000 --warmup=1 --steps=3
 
 Writes ``--out_dir/<name>.md`` and ``--out_dir/<name>.json``; ``--report_only`` re-renders the
-markdown from the JSON (``--note="..."`` appends a line, e.g. earlier runs' times).
+markdown from the JSON alone, which holds the setup and the note (a new ``--note`` replaces
+the stored one).
 """
 
 import json
@@ -86,7 +87,9 @@ flags.DEFINE_string("out_dir", "experiments/results", "Where the table and JSON 
 flags.DEFINE_string("name", "scaling", "Basename of the output files.")
 flags.DEFINE_string("note", "", "A line appended to the markdown (e.g. earlier runs' times).")
 flags.DEFINE_bool("report_only", False, "Only re-render the markdown from <out_dir>/<name>.json.")
-flags.DEFINE_string("one_run", "", "Internal: measure V:chunk in this process, print JSON.")
+flags.DEFINE_string(
+    "one_run", "", "Internal: V:chunk:loss_chunk@run|compile, measured here; prints JSON."
+)
 
 GUIDE = {  # V -> (feasible?, memory GB, time/iteration) as the guide states them
     65: ("yes", "12", "6 s"),
@@ -184,7 +187,7 @@ def measure(v: int, chunk: int, loss_chunk: int, compile_only: bool = False) -> 
 
 def command_line():
     """The command as run, without --note (its text is the markdown's last line)."""
-    args = [a for a in sys.argv[1:] if not a.startswith(("--note", "--report_only"))]
+    args = [a for a in sys.argv[1:] if not a.startswith("--note")]
     return "python experiments/scaling.py " + " ".join(map(shlex.quote, args))
 
 
@@ -196,17 +199,16 @@ def run_key(v, chunk, loss_chunk):
     return f"{v}:{chunk}:{loss_chunk}"
 
 
-def write_outputs(results: dict, device: str, command: str | None = None):
+def write_json(raw: dict):
     out_dir = Path(FLAGS.out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    raw = {
-        "device": device,
-        "command": command or command_line(),
-        "overrides": dict(config_flags.get_override_values(FLAGS["config"])),
-        "guide_claims": {str(k): v for k, v in GUIDE.items()},
-        "results": {run_key(*k): r for k, r in results.items()},
-    }
     (out_dir / f"{FLAGS.name}.json").write_text(json.dumps(raw, indent=1))
+
+
+def write_markdown(raw: dict) -> str:
+    """Writes <name>.md from the run record (write_json's); returns its text."""
+    results = {parse_run(key): r for key, r in raw["results"].items()}
+    device, setup = raw["device"], raw["setup"]
     any_r = next((r for r in results.values() if "compile_s" in r), {})
     lines = [
         "# Exhaustive GRPO scaling with the vocabulary size V",
@@ -214,14 +216,14 @@ def write_outputs(results: dict, device: str, command: str | None = None):
         f"- Device: **{device}** (jax {jax.__version__}).",
         f"- Command: `{raw['command']}`",
         f"- Setup: one exhaustive GRPO train step (jitted once, state donated): B="
-        f"{FLAGS.batch_size} prompts × V forced first tokens, each continued for "
-        f"{FLAGS.horizon - 1} sampled tokens (horizon {FLAGS.horizon}), context "
-        f"{FLAGS.context_len}; model {any_r.get('model', '?')}; synthetic data (uniform "
+        f"{setup['batch_size']} prompts × V forced first tokens, each continued for "
+        f"{setup['horizon'] - 1} sampled tokens (horizon {setup['horizon']}), context "
+        f"{setup['context_len']}; model {any_r.get('model', '?')}; synthetic data (uniform "
         "random int32 tokens in [0, V)); reward `match`; "
         f"estimator `{any_r.get('exhaustive_estimator', '?')}`, train_continuations="
         f"{any_r.get('train_continuations', '?')}; "
         f"{any_r.get('num_iterations', 1)} optimizer update(s) per rollout (grpo.num_iterations); "
-        f"{FLAGS.warmup} warm-up + {FLAGS.steps} "
+        f"{setup['warmup']} warm-up + {setup['steps']} "
         "timed steps, median reported.",
         "- **No reference model** (`reference=None`): the step has no KL term, so the exact "
         "KL over V at the decision point (and the reference's [B, V, H, V] log-probs) is "
@@ -243,8 +245,8 @@ def write_outputs(results: dict, device: str, command: str | None = None):
         "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     measured_v = {k[0] for k in results}
-    rows = sorted(results) + [(v, None, None) for v in GUIDE if v not in measured_v]
-    for key in sorted(rows, key=lambda k: tuple(-1 if x is None else x for x in k)):
+    not_run = [(v, -1, -1) for v in GUIDE if v not in measured_v]  # guide rows only
+    for key in sorted([*results, *not_run]):
         v = key[0]
         g = GUIDE.get(v, ("–", "–", "–"))
         r = results.get(key)
@@ -272,14 +274,14 @@ def write_outputs(results: dict, device: str, command: str | None = None):
         "The guide's figures are claims for an 80 GB GPU with an unstated model; nothing "
         "here is extrapolated to the runs that were not made. On a shared machine the times "
         "depend on the other jobs' load (the load-average column; "
-        f"{os.cpu_count()} CPU cores); the memory figures do not.",
+        f"{setup['cpu_count']} CPU cores); the memory figures do not.",
     ]
-    if FLAGS.note:
-        lines += ["", FLAGS.note]
+    if raw.get("note"):
+        lines += ["", raw["note"]]
     if any("memory_stats" in r.get("peak_memory_source", "") for r in results.values()):
         lines.append("Memory column: device peak_bytes_in_use.")
     md = "\n".join(lines) + "\n"
-    (out_dir / f"{FLAGS.name}.md").write_text(md)
+    (Path(FLAGS.out_dir) / f"{FLAGS.name}.md").write_text(md)
     return md
 
 
@@ -288,26 +290,23 @@ def main(argv):
         raise app.UsageError(f"unexpected arguments: {argv[1:]}")
     if FLAGS.report_only:
         raw = json.loads((Path(FLAGS.out_dir) / f"{FLAGS.name}.json").read_text())
-        results = {}
-        for key, r in raw["results"].items():  # "V:chunk:loss_chunk" (older: "V:chunk", "V")
-            v, chunk, loss_chunk = parse_run(key)
-            results[(v, chunk or int(r.get("vocab_chunk", 0)), loss_chunk)] = r
-        args = [a for a in shlex.split(raw["command"]) if not a.startswith("--note")]
-        print(write_outputs(results, raw["device"], shlex.join(args)))
+        if FLAGS.note:
+            raw["note"] = FLAGS.note
+            write_json(raw)
+        print(write_markdown(raw))
         return
     if FLAGS.one_run:
         spec, _, how = FLAGS.one_run.partition("@")
         print(json.dumps(measure(*parse_run(spec), compile_only=how == "compile")), flush=True)
         return
     results = {}
-    env = dict(os.environ)
     plan = [(r, "run") for r in parse_runs(FLAGS.vocab_sizes)]
     plan += [(r, "compile") for r in parse_runs(FLAGS.compile_only)]
     for run, how in plan:
         one = f"--one_run={run_key(*run)}@{how}"
         cmd = [sys.executable, os.path.abspath(__file__), *sys.argv[1:], one]
         print(f"V={run[0]} chunks={run[1]}/{run[2]} ({how}): {shlex.join(cmd)}", flush=True)
-        proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
+        proc = subprocess.run(cmd, capture_output=True, text=True)
         lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
         if proc.returncode or not lines:
             err = (proc.stderr.strip().splitlines() or ["no output"])[-1][:200]
@@ -325,7 +324,24 @@ def main(argv):
     device = f"{dev.device_kind} ({dev.platform})"
     if dev.platform == "cpu":
         device += f", {os.cpu_count()} CPU cores visible"
-    print(write_outputs(results, device))
+    raw = {
+        "device": device,
+        "command": command_line(),
+        "overrides": dict(config_flags.get_override_values(FLAGS["config"])),
+        "setup": {
+            "batch_size": FLAGS.batch_size,
+            "context_len": FLAGS.context_len,
+            "horizon": FLAGS.horizon,
+            "warmup": FLAGS.warmup,
+            "steps": FLAGS.steps,
+            "cpu_count": os.cpu_count(),
+        },
+        "note": FLAGS.note,
+        "guide_claims": {str(k): v for k, v in GUIDE.items()},
+        "results": {run_key(*k): r for k, r in results.items()},
+    }
+    write_json(raw)
+    print(write_markdown(raw))
 
 
 if __name__ == "__main__":

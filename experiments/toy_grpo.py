@@ -8,9 +8,11 @@ exactly what `python -m grpo_jax.main --config=configs/toy_bandit.py:rm|rlvr` ru
 Outputs (under --out):
   toy_table.md                    SFT vs GRPO (RM, RLVR) true reward per context (seed 0),
                                   RLVR accuracy / sampled accuracy per seed, the ablation's
-                                  final true reward per G
-  toy_group_size_ablation.png     RM reward (smoothed, mean ± std over seeds) vs iteration
-  toy_group_size_true_reward.png  the policy's exact true reward vs iteration, per G
+                                  true reward at iteration --early and at the end per group
+                                  (G, and the exhaustive group of all V actions)
+  toy_group_size_ablation.png     the policy's RM reward in training (reward_policy_mean,
+                                  smoothed, mean ± std over seeds) vs iteration, per group
+  toy_group_size_true_reward.png  the policy's exact true reward vs iteration, per group
   toy_summary.json                the figures above, machine-readable
 """
 
@@ -28,24 +30,16 @@ from absl import logging
 from grpo_jax import config_blocks, plots, trainer
 from grpo_jax.metric_writers import read_metrics
 from grpo_jax.task import build_task
+from grpo_jax.toy_bandit import ToyWorld
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def load_config(arg):
-    return config_blocks.load_config("toy_bandit", arg)
-
-
 def run(arg, seed, workdir, **overrides):
-    cfg = load_config(arg)
-    cfg.seed = seed
-    cfg.logging.progress = False
-    for key, value in overrides.items():
-        node = cfg
-        *path, leaf = key.split(".")
-        for p in path:
-            node = node[p]
-        node[leaf] = value
+    """configs/toy_bandit.py:<arg> with the seed and dotted-key overrides, trained in workdir."""
+    cfg = config_blocks.load_config(
+        "toy_bandit", arg, seed=seed, **{"logging.progress": False, **overrides}
+    )
     _, last = trainer.train_and_evaluate(cfg, str(workdir), "train")
     return cfg, last, read_metrics(workdir)
 
@@ -95,8 +89,6 @@ def main():
             f"sampled_accuracy {last_v['eval/sampled_accuracy']:.4f}",
             flush=True,
         )
-    from grpo_jax.toy_bandit import ToyWorld
-
     t = cfg_rm.toy
     world = ToyWorld(s0, t.num_contexts, t.context_dim, t.vocab_size, t.pref_temperature)
     opt = world.prefs.max(-1)
@@ -108,7 +100,8 @@ def main():
         f"{cfg_rm.train.num_steps} iterations, seed {s0}). True reward = Σ_v π(v|c)·p(c,v), "
         "exact; the optimum is max_v p(c,v).",
         "",
-        "| context | best token | optimum | SFT | GRPO (RM, G=8) | GRPO (RLVR, G=16) |",
+        f"| context | best token | optimum | SFT | GRPO (RM, G={cfg_rm.group.size}) "
+        f"| GRPO (RLVR, G={cfg_v.group.size}) |",
         "|---:|---:|---:|---:|---:|---:|",
     ]
     for c in range(n):
@@ -135,7 +128,7 @@ def main():
         f"{sft['eval/sampled_accuracy']:.4f}; GRPO (RM) {last_rm['eval/accuracy']:.2f} / "
         f"{last_rm['eval/sampled_accuracy']:.4f}, KL to SFT {last_rm['eval/kl_to_sft']:.4f}.",
         "",
-        "## RLVR (binary verifiable reward, G=16), final evaluation per seed",
+        f"## RLVR (binary verifiable reward, G={cfg_v.group.size}), final evaluation per seed",
         "",
         "| seed | eval/accuracy | eval/sampled_accuracy | eval/true_reward | eval/kl_to_sft |",
         "|---:|---:|---:|---:|---:|",
@@ -189,7 +182,9 @@ def main():
         tv = np.array([tr[1] for tr in trues])
         true_curves[label] = (trues[0][0], tv.mean(0), tv.std(0))
         finals[label] = (float(np.mean(fin)), float(np.std(fin)))
-        at = trues[0][0].index(args.early) if args.early in trues[0][0] else -1
+        if args.early not in trues[0][0]:
+            raise SystemExit(f"--early={args.early} is not an evaluated iteration: {trues[0][0]}")
+        at = trues[0][0].index(args.early)
         early[label] = (float(tv[:, at].mean()), float(tv[:, at].std()))
         print(f"{label}: final true reward {finals[label][0]:.4f} ± {finals[label][1]:.4f}")
     plots.learning_curves(

@@ -5,8 +5,9 @@
   * the group reward std stays below ``reward_std_low`` (or above ``reward_std_high``) for
     ``patience`` consecutive logged steps, with the likely causes;
   * the reward rises while a held-out metric falls by more than ``heldout_min_drop`` between
-    two evaluations (reward hacking). The tolerance keeps evaluation noise (a 1,024-window
-    accuracy moves by ~0.2 points between identical policies' samples) from crying wolf.
+    two evaluations (reward hacking). The tolerance keeps evaluation noise from crying wolf:
+    an accuracy near 30 % over 1,024 windows × 70 chars has a binomial standard error of
+    0.17 points, more where a window's chars are correlated.
 """
 
 HELD_OUT_KEYS = (
@@ -56,8 +57,7 @@ class Monitor:
         if key is not None and self.reward is not None:
             if self.prev_eval is not None:
                 r0, h0 = self.prev_eval
-                min_drop = float(c.get("heldout_min_drop", 0.0))
-                if self.reward > r0 and metrics[key] < h0 - min_drop:
+                if self.reward > r0 and metrics[key] < h0 - c.heldout_min_drop:
                     out.append(
                         f"step {step}: reward_mean rose ({r0:.4f} -> {self.reward:.4f}) while "
                         f"{key} fell ({h0:.4f} -> {metrics[key]:.4f}): possible reward hacking"

@@ -204,7 +204,7 @@ def make_judge_step(config, model, tx, schedule, kinds, vocab_size, gen_fill=Non
         x = jnp.concatenate([real, fake])
         y = jnp.concatenate([jnp.ones_like(real), (fake == real)]).astype(jnp.float32)
         (loss, acc), grads = jax.value_and_grad(loss_fn, has_aux=True)(state.params, x, y)
-        return supervised_update(state, loss, acc, grads, tx, schedule)
+        return supervised_update(state, loss, grads, tx, schedule, train_accuracy=acc)
 
     return step
 

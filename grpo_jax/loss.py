@@ -73,7 +73,7 @@ def make_loss(config, model, has_reference: bool):
     n_cont = int(config.group.continuations_per_action)
     # the training forward's chunk is its own: its [B, c, H, V] logits outgrow the rollout's
     # [B*c, V] per decode step by a factor H, so a large V wants a smaller chunk here
-    loss_chunk = int(config.group.get("loss_chunk", 0)) or int(config.group.vocab_chunk)
+    loss_chunk = int(config.group.loss_chunk) or int(config.group.vocab_chunk)
     if loss_chunk < 0:
         raise ValueError(f"group.loss_chunk={loss_chunk} must be >= 0 (0 = group.vocab_chunk)")
     aa_scale = "group" if gr.advantage_scale == "group" else "none"

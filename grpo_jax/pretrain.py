@@ -31,6 +31,6 @@ def make_pretrain_step(config, model, tx, schedule):
         k_data, k_drop = jax.random.split(key)
         x, y = data_lib.lm_batch(k_data, inputs.train_tokens, b, seq)
         (loss, acc), grads = jax.value_and_grad(loss_fn, has_aux=True)(state.params, x, y, k_drop)
-        return supervised_update(state, loss, acc, grads, tx, schedule)
+        return supervised_update(state, loss, grads, tx, schedule, train_accuracy=acc)
 
     return step

@@ -67,7 +67,7 @@ def check_grpo_config(config):
             f"grpo.advantage_scale={gr.advantage_scale!r} is unknown; "
             f"choose from {', '.join(objective.ADVANTAGE_SCALES)}"
         )
-    mode = config.group.get("mode", "sampled")
+    mode = config.group.mode
     if mode not in MODES:
         raise ValueError(
             f"group.mode={mode!r} is unknown for single-step tasks; choose from {MODES}"
@@ -119,7 +119,7 @@ def make_step(
     """
     check_grpo_config(config)
     gr, g = config.grpo, config.group
-    exhaustive = g.get("mode", "sampled") == "exhaustive"
+    exhaustive = g.mode == "exhaustive"
     sp = ro.sampling_params(g)
     size, mu = int(g.size), int(gr.num_iterations)
     beta, eps, eps_high = float(gr.beta), float(gr.epsilon), gr.epsilon_high
@@ -191,13 +191,15 @@ def make_step(
             dp = jax.nn.one_hot(jnp.argmax(mask > 0, axis=1), t) * (mask.sum(1) > 0)[:, None]
             actions = jnp.arange(v, dtype=tokens.dtype)[None, :, None]
             tokens = jnp.where(dp[:, None] > 0, actions, tokens)
-            old = member_logp(ro.tempered_logp(logits, sp), tokens)
+            lp_old = ro.tempered_logp(logits, sp)  # [B, T, V]
+            old = member_logp(lp_old, tokens)
+            lp_dp = jnp.sum(lp_old * dp[..., None], axis=1)  # [B, V]: log π_old(a) at the dp
         tok_mask = jnp.broadcast_to(mask[:, None].astype(jnp.float32), tokens.shape)
         rewards, info = reward_fn(inputs.reward_params, inputs.data, prompts, tokens, mask)
         rewards = jax.lax.stop_gradient(rewards.astype(jnp.float32))
         forced = None
         if exhaustive:
-            pi_dp = jnp.exp(jnp.sum(ro.tempered_logp(logits, sp) * dp[..., None], axis=1))
+            pi_dp = jnp.exp(lp_dp)
             adv = objective.policy_weighted_advantages(rewards, pi_dp, gr.advantage_scale)
             forced = (dp, rewards, pi_dp)
         else:
@@ -227,7 +229,7 @@ def make_step(
             tokens=tokens,
             member_mask=jnp.ones((b, k), jnp.float32),
             # [..., 0] is the first action's log-prob: the decision point's when forced
-            logp_old=jnp.sum(old * dp[:, None], -1, keepdims=True) if exhaustive else old,
+            logp_old=lp_dp[..., None] if exhaustive else old,
             advantages=adv[..., None],  # [B, G, 1]: advantage_var = mean Â²
             action_returns=empty,
             action_mask=empty,

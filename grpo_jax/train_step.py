@@ -71,7 +71,10 @@ def make_optimizer(
         decay_steps=max(total, warmup + 1),
         end_value=lr * optim_cfg.end_lr_fraction,
     )
-    schedule = update_schedule if mu == 1 else (lambda step: update_schedule(step * mu))
+
+    def schedule(step):  # a training step's first update
+        return update_schedule(step * mu)
+
     chain = [optax.clip_by_global_norm(optim_cfg.grad_clip)] if optim_cfg.grad_clip > 0 else []
     chain.append(
         optax.adamw(
@@ -87,18 +90,19 @@ def keep_if_finite(finite, new, old):
     return jax.tree.map(lambda n, o: jnp.where(finite, n, o), new, old)
 
 
-def supervised_update(state: TrainState, loss, accuracy, grads, tx, schedule):
+def supervised_update(state: TrainState, loss, grads, tx, schedule, **task_metrics):
     """One optimizer step of a supervised objective (pretraining, the judge), skipped when the
-    loss is not finite; returns (next state, the metrics every supervised mode logs)."""
+    loss is not finite; returns (next state, the metrics every supervised mode logs plus
+    ``task_metrics``, e.g. its train accuracy under the task's name)."""
     updates, opt_state = tx.update(grads, state.opt_state, state.params)
     finite = jnp.isfinite(loss)
     params = keep_if_finite(finite, optax.apply_updates(state.params, updates), state.params)
     opt_state = keep_if_finite(finite, opt_state, state.opt_state)
     metrics = {
         "loss": loss,
-        "train_accuracy": accuracy,
         "grad_norm": optax.tree.norm(grads),
         "learning_rate": schedule(state.step),
+        **task_metrics,
     }
     return TrainState(state.step + 1, params, opt_state, state.rng), metrics
 
