@@ -40,7 +40,7 @@ def get_config(arg=None):
     tokens = blocks.variant_tokens(arg, SIZES, "configs/fill_in.py")
 
     c = config_dict.ConfigDict()
-    c.task = "fill_in"  # which task builder runs (grpo_jax/task.py TASKS)
+    c.task = "fill_in"  # which task plug-in runs (grpo_jax/tasks/__init__.py TASKS)
     c.seed = 0  # root PRNG seed; every step's key is fold_in(root, step)
     c.init_from = ""  # checkpoint dir to initialise the generator (and reference) from
     c.distributed = False  # call jax.distributed.initialize() (multi-host runs)

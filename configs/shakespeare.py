@@ -23,7 +23,7 @@ def get_config(arg=None):
     mode = blocks.pick_one(tokens, GROUP_MODES, "exhaustive", "group modes")
 
     c = config_dict.ConfigDict()
-    c.task = "shakespeare"  # which task builder runs (grpo_jax/tasks registry)
+    c.task = "shakespeare"  # which task plug-in runs (grpo_jax/tasks/__init__.py TASKS)
     c.seed = 0  # root PRNG seed; every step's key is fold_in(root, step)
     c.init_from = ""  # checkpoint dir (e.g. a pretrain workdir) to initialise params from
     c.distributed = False  # call jax.distributed.initialize() (multi-host runs)
@@ -140,7 +140,7 @@ def get_config(arg=None):
     # eval/ngram{k}_next_char_accuracy (fitted on the train split; () = none)
     c.eval.ngram_baselines = (1, 2, 3)
 
-    c.mesh = blocks.mesh_block()  # devices: mesh.data x mesh.vocab, see grpo_jax/sharding.py
+    c.mesh = blocks.mesh_block()  # devices: mesh.data x mesh.member, see grpo_jax/sharding.py
     c.logging = blocks.logging_block(tensorboard=True, char_stats_every=25)
     # warn when kl > 0.1 or the group reward std stays outside [0.3, 2.0] for 20 logged steps.
     # From scratch the KL to the trigram starts near 2 nats/char and settles around 0.5, so the

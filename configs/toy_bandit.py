@@ -28,7 +28,7 @@ def get_config(arg=None):
     mode = blocks.pick_one(tokens, GROUP_MODES, "sampled", "group modes")
 
     c = config_dict.ConfigDict()
-    c.task = "toy_bandit"  # which task builder runs (grpo_jax/task.py TASKS)
+    c.task = "toy_bandit"  # which task plug-in runs (grpo_jax/tasks/__init__.py TASKS)
     c.seed = 0  # root PRNG seed: SFT, reward model, GRPO steps (and the world, see toy.world_seed)
     c.init_from = ""  # checkpoint dir to initialise the policy from (default: the SFT policy)
     c.distributed = False  # call jax.distributed.initialize() (multi-host runs)

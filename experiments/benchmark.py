@@ -1,8 +1,11 @@
 """Benchmark one GRPO train step: compile time, step time, tokens/s, memory, and a breakdown.
 
-Builds the task exactly as the trainer does, jits the step once (state donated), times it,
-and separately times the group collection (rollout + reward) and one loss+grad evaluation.
-The LAST printed line is one JSON object (also appended to --out when given).
+Builds the task exactly as the trainer does (``build_task(config, "train")``, its init,
+``task.build`` and ``task.make_state``; nothing is rebuilt here), jits the step once (the
+fused rollout + update program, state donated), times it, and separately times the step's
+two halves as the engine defines them: ``step.rollout`` (prompts, group collection, the
+jittable rewards) and ``step.update`` (scoring, the grpo.num_iterations optimizer updates,
+metrics). The LAST printed line is one JSON object (also appended to --out when given).
 
   GRPO_JAX_DATA=/work/shared/data/tinyshakespeare.txt python experiments/benchmark.py \
       --config=configs/shakespeare.py:sampled --config.group.size=8 \
@@ -10,23 +13,23 @@ The LAST printed line is one JSON object (also appended to --out when given).
       --config.grpo.beta=0.04 --config.train.batch_size=8 --config.grpo.num_iterations=1
   python experiments/benchmark.py --config=configs/shakespeare.py            # exhaustive
   python experiments/benchmark.py --config=configs/shakespeare.py:tiny --steps=3 --out=b.jsonl
+
+(Rows of experiments/results/benchmark_cpu.jsonl before the engine refactor carry the old
+breakdown, ``collect_s`` (rollout + reward) and ``loss_grad_s`` (one loss + grad); rows now
+carry ``rollout_s`` and ``update_s``, whose update includes the optimizer and all μ updates.)
 """
 
 import json
 import statistics
 
 import jax
-import jax.numpy as jnp
 from absl import app, flags
 from measure import memory, time_train_step, timed
 from ml_collections import config_flags
 
-from grpo_jax import data as data_lib
-from grpo_jax import groups, reference, rewards, sharding, trainer
-from grpo_jax import task as task_lib
-from grpo_jax.loss import make_loss
-from grpo_jax.model import make_model
-from grpo_jax.train_step import parts_forced_flags
+from grpo_jax import groups, sharding, trainer
+from grpo_jax.specs import GroupSpec
+from grpo_jax.tasks import build_task
 
 FLAGS = flags.FLAGS
 config_flags.DEFINE_config_file("config", None, "Config file (path[:variant,...]).")
@@ -37,36 +40,22 @@ flags.DEFINE_string("out", "", "Also append the JSON line to this file.")
 flags.DEFINE_bool("mesh", True, "Step on config.mesh as the trainer does (--nomesh: plain jit).")
 
 
-def breakdown(config, params, inputs, runs):
-    """Separately jitted collect (rollout + reward) and one loss+grad, rebuilt as task.build."""
-    max_len = task_lib.validate(config, "train")
-    corpus = data_lib.load_corpus(config.data)
-    model = make_model(config.model, corpus.vocab.size, max_len)
-    ref, _ = reference.make_reference(config.reference, corpus, model, params)
-    reward_fn = rewards.make_reward_fn(config.reward)
-    collect = groups.make_collect(config, model, corpus.vocab.size, ref, reward_fn)
-    loss_fn = make_loss(config, model, has_reference=ref is not None)
-    flags_ = parts_forced_flags(config)
-    b, c, h = config.train.batch_size, config.data.context_len, config.data.horizon
-    key_data, key_roll = jax.random.split(jax.random.PRNGKey(config.seed + 1))
-    context, target = data_lib.sample_windows(key_data, inputs.train_tokens, b, c, h)
-    jcollect = jax.jit(collect)
-    (parts, _), _ = timed(jcollect, params, inputs.ref_state, context, target, key_roll)
-    parts = jax.lax.stop_gradient(parts)
-    old = tuple(p.logp_old for p in parts)
-    grad = jax.jit(
-        lambda p, pa, o: jax.value_and_grad(loss_fn, has_aux=True)(
-            p, pa, o, jnp.asarray(True), flags_
-        )
-    )
-    timed(grad, params, parts, old)  # compile
-    _, t_collect = timed(jcollect, params, inputs.ref_state, context, target, key_roll, runs=runs)
-    _, t_grad = timed(grad, params, parts, old, runs=runs)
+def breakdown(step, state, inputs, runs):
+    """The task's own step in its two halves, each jitted separately (not donating, so the
+    state survives every run): ``step.rollout`` and ``step.update`` (on the rollout's batch,
+    with the host rewards computed once beforehand when the task has a Python reward)."""
+    rollout = jax.jit(step.rollout)
+    update = jax.jit(step.update)
+    batch, _ = timed(rollout, state, inputs)  # compile
+    host = None if step.host is None else step.host(batch)
+    timed(update, state, inputs, batch, host)  # compile
+    _, t_rollout = timed(rollout, state, inputs, runs=runs)
+    _, t_update = timed(update, state, inputs, batch, host, runs=runs)
     return {
-        "collect_s": statistics.median(t_collect),
-        "loss_grad_s": statistics.median(t_grad),
-        "collect_runs_s": t_collect,
-        "loss_grad_runs_s": t_grad,
+        "rollout_s": statistics.median(t_rollout),
+        "update_s": statistics.median(t_update),
+        "rollout_runs_s": t_rollout,
+        "update_runs_s": t_update,
     }
 
 
@@ -74,21 +63,25 @@ def main(argv):
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {argv[1:]}")
     config = FLAGS.config
-    task = task_lib.build_task(config, "train")
+    task = build_task(config, "train")
     params0 = trainer.initial_params(config, task)
     n_params = sum(x.size for x in jax.tree.leaves(params0))
     mesh = sharding.make_mesh(config.get("mesh")) if FLAGS.mesh else None
     if mesh is not None:  # the trainer's path: sharded state/inputs, member shard_map
         sharding.check_batch(config.train.batch_size, mesh)
-        step_fn, inputs = task.build(params0, mesh=mesh)
+        step, inputs = task.build(params0, mesh=mesh)
         fsdp = bool(config.mesh.shard_params)
         jstep, state, inputs, _ = sharding.jit_step(
-            step_fn, mesh, task.make_state(params0), inputs, fsdp
+            step, mesh, task.make_state(params0), inputs, fsdp
         )
     else:
-        step_fn, inputs = task.build(params0)
+        step, inputs = task.build(params0)
         state = task.make_state(params0)
-        jstep = jax.jit(step_fn, donate_argnums=0)
+        if step.host is None:  # one program: rollout, rewards and update, state donated
+            jstep = jax.jit(step.fused, donate_argnums=0)
+        else:  # a Python reward splits the step: sharding.jit_step on one device
+            one = sharding.make_mesh(None, jax.devices()[:1])
+            jstep, state, inputs, _ = sharding.jit_step(step, one, state, inputs)
 
     compiled, state, metrics, compile_s, times = time_train_step(
         jstep, state, inputs, FLAGS.warmup, FLAGS.steps
@@ -96,7 +89,7 @@ def main(argv):
     med = statistics.median(times)
     mem = memory(compiled)  # before the breakdown allocates anything else
     per_dev_peak = [(d.memory_stats() or {}).get("peak_bytes_in_use") for d in jax.devices()]
-    bd = breakdown(config, state.params, inputs, FLAGS.breakdown_runs)
+    bd = breakdown(step, state, inputs, FLAGS.breakdown_runs)
 
     dev = jax.devices()[0]
     res = {
@@ -118,7 +111,8 @@ def main(argv):
     }
     res["mesh"] = sharding.describe(mesh) if mesh is not None else "none (plain jit)"
     if mesh is not None and jax.device_count() > 1:
-        members = task_lib.members_per_prompt(config, task.vocab.size)
+        spec = GroupSpec.from_config(config.group)
+        members = groups.members_per_prompt(spec, task.vocab.size, config.train.batch_size)
         res["per_device"] = {
             "num_devices": mesh.size,
             **sharding.per_device_work(config, mesh, members),
@@ -139,7 +133,7 @@ def main(argv):
         f"(after {FLAGS.warmup} warmup) -> {res['tokens_per_s']:.0f} tokens/s"
     )
     print(
-        f"breakdown: collect {bd['collect_s']:.4f}s, loss+grad {bd['loss_grad_s']:.4f}s; "
+        f"breakdown: rollout {bd['rollout_s']:.4f}s, update {bd['update_s']:.4f}s; "
         f"peak memory {res['peak_memory_bytes'] / 2**20:.1f} MiB ({res['peak_memory_source']})"
     )
     line = json.dumps(res)

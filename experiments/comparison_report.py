@@ -13,8 +13,8 @@ import statistics
 import jax
 import numpy as np
 
-from grpo_jax import plots
-from grpo_jax import task as task_lib
+from grpo_jax import groups, plots
+from grpo_jax.specs import GroupSpec
 
 EVAL_METRICS = ("eval/rollout_accuracy", "eval/next_char_accuracy")
 # next-char accuracy of the n-gram models on the whole val split (the issue's figures)
@@ -110,6 +110,12 @@ def versus_references(m, refs):
     return f"above the {above[-1]}, below the {below[0]}"
 
 
+def members_per_prompt(config, vocab_size: int) -> float:
+    """Rollouts per prompt of a mode's config (a stored one too: the JSON's group block)."""
+    spec = GroupSpec.from_config(config.group)
+    return groups.members_per_prompt(spec, vocab_size, config.train.batch_size)
+
+
 def write_markdown(raw, configs, pngs, note=""):
     """The <name>.md text from the run JSON's dict, the per-mode configs and the PNG names."""
     s = raw["summary"]
@@ -143,7 +149,7 @@ def write_markdown(raw, configs, pngs, note=""):
         f"- Init: {'`' + any_cfg.init_from + '`' if any_cfg.init_from else 'random, from the seed'}"
         " — the same initial params for every mode at a given seed.",
         "- Members per prompt: "
-        + ", ".join(f"{m} {task_lib.members_per_prompt(c, 65):g}" for m, c in configs.items())
+        + ", ".join(f"{m} {members_per_prompt(c, 65):g}" for m, c in configs.items())
         + " (for V=65).",
         f"- Figures: mean ± std (sample std, ddof=1) over {n_seeds} seeds, [min–max] in "
         "brackets; accuracies in %.",

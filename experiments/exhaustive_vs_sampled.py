@@ -42,6 +42,7 @@ G=4); ``--config.x=y`` overrides apply to every mode. The summary, table and plo
 rendered by experiments/comparison_report.py; this script runs and records.
 """
 
+import functools
 import json
 import os
 import shlex
@@ -57,12 +58,15 @@ from absl import app, flags, logging
 from comparison_report import EVAL_METRICS, summarize, write_markdown, write_plots
 from ml_collections import config_dict, config_flags
 
-from grpo_jax import config_blocks, groups, sharding, trainer
+from grpo_jax import config_blocks, sharding, trainer
 from grpo_jax import data as data_lib
 from grpo_jax import rollout as ro
-from grpo_jax import task as task_lib
 from grpo_jax.metric_writers import read_metrics
 from grpo_jax.model import make_model
+from grpo_jax.objective import entropy_from_logits
+from grpo_jax.policy import TokenPrompts, transformer_policy
+from grpo_jax.specs import GROUP_MODES
+from grpo_jax.tasks import build_task
 
 FLAGS = flags.FLAGS
 config_flags.DEFINE_config_file(
@@ -88,7 +92,7 @@ def load_config(flag, mode: str):
     """The config file's ``<mode>[,size]`` variant with the command line's overrides applied."""
     path, _, arg = flag.config_filename.partition(":")
     sizes = [t.strip() for t in arg.split(",") if t.strip()]
-    if any(t in groups.MODES for t in sizes):
+    if any(t in GROUP_MODES for t in sizes):
         raise app.UsageError(f"--config={flag.config_filename}: give the group mode via --modes")
     config = config_blocks.load_config(path, ",".join([mode] + sizes))
     overrides = dict(config_flags.get_override_values(flag))
@@ -98,8 +102,16 @@ def load_config(flag, mode: str):
     return config
 
 
-# the model (a hashable flax module) is static: one compilation serves every run of a model
-_prefill = jax.jit(ro.prefill, static_argnums=0)
+@functools.cache
+def _first_logits(model, horizon: int):
+    """The policy's first-token logits on a context batch, jitted once per model (a hashable
+    flax module): the Shakespeare task's own policy (policy.transformer_policy) at
+    temperature 1. The task does not hand out its model, so only the module is rebuilt here
+    from the config, as the task builds it."""
+    policy = transformer_policy(
+        model, ro.SamplingParams(temperature=1.0, top_k=0, top_p=1.0), horizon
+    )
+    return jax.jit(lambda params, ctx: policy.prefill(params, TokenPrompts(ctx, None, {}))[0])
 
 
 def held_out_entropy(config, params, vocab_size: int):
@@ -109,8 +121,8 @@ def held_out_entropy(config, params, vocab_size: int):
     model = make_model(config.model, vocab_size, max_len)
     corpus = data_lib.load_corpus(config.data)
     ctx, _ = data_lib.eval_windows(corpus.val, config.eval.num_windows, c, h)
-    first_logits, _ = _prefill(model, params, jnp.asarray(ctx))
-    return float(ro.entropy_of_logp(jax.nn.log_softmax(first_logits.astype(jnp.float32))).mean())
+    first_logits = _first_logits(model, h)(params, jnp.asarray(ctx))
+    return float(entropy_from_logits(first_logits.astype(jnp.float32)).mean())
 
 
 def run_one(config, workdir: Path):
@@ -137,10 +149,12 @@ def run_vmapped(config, seeds, task):
         )
     t0 = time.perf_counter()
     params0 = trainer.initial_params(config, task)
-    step_fn, inputs = task.build(params0)
+    step, inputs = task.build(params0)
+    if step.host is not None:
+        raise app.UsageError("--vmap_seeds needs a step of jittable rewards only (one program)")
     per_seed_init = None if config.init_from else task.init_params
     states = sharding.seed_states(task.make_state, params0, seeds, init_params=per_seed_init)
-    multi = jax.jit(sharding.make_multi_seed_step(step_fn), donate_argnums=0)
+    multi = jax.jit(sharding.make_multi_seed_step(step.fused), donate_argnums=0)
     tc, n = config.train, len(seeds)
     rows = [[] for _ in seeds]
     last = [{} for _ in seeds]
@@ -211,13 +225,13 @@ def main(argv):
             # the initial policy's held-out figures (the same for every mode at a seed);
             # one task's compiled eval serves every seed
             if seed not in init_evals:
-                eval_task = eval_task or task_lib.build_task(config, "train")
+                eval_task = eval_task or build_task(config, "train")
                 init_evals[seed] = eval_task.evaluate(trainer.initial_params(config, eval_task))[0]
         configs[mode] = cfgs[0]
         per_seed = []  # (params, last metrics, rows, wall time, workdir) per seed
         if FLAGS.vmap_seeds:
             print(f"[{mode} seeds {seeds}] {cfgs[0].train.num_steps} steps, vmapped", flush=True)
-            task = task_lib.build_task(cfgs[0], "train")
+            task = build_task(cfgs[0], "train")
             params, lasts, rowss, wall = run_vmapped(cfgs[0], seeds, task)
             wall /= len(seeds)  # the set's wall time, shared out
             for p, last, rows in zip(params, lasts, rowss, strict=True):
@@ -246,14 +260,16 @@ def main(argv):
                 "entropy_decision": last.get("entropy_decision"),
                 "heldout_first_char_entropy": held_out_entropy(config, p, eval_task.vocab.size),
                 "final": {k: v for k, v in last.items() if k.startswith("eval/")},
+                # step metrics under the trainer's (TRL's) names; records written before the
+                # engine refactor say reward_mean for reward (nothing in the report reads these)
                 "train_final": {
-                    k: last[k] for k in ("reward_mean", "reward_spread", "kl", "loss") if k in last
+                    k: last[k] for k in ("reward", "reward_spread", "kl", "loss") if k in last
                 },
                 "init": init_scalars,
                 "curves": {k: curve(rows, k, init_scalars[k]) for k in EVAL_METRICS},
                 "train_curves": {
                     k: [(int(r["step"]), float(r[k])) for r in rows if k in r]
-                    for k in ("reward_mean", "entropy")
+                    for k in ("reward", "entropy")
                 },
             }
             runs.setdefault(mode, []).append(rec)

@@ -3,6 +3,8 @@ r"""Fill-in with a judge, end to end: supervised generator -> judge -> GRPO (sev
   GRPO_JAX_DATA=../shared/data/tinyshakespeare.txt python experiments/fill_in.py --baseline
   python experiments/fill_in.py --root=/tmp/fillin_exp --seeds=0,1,2 --baseline
   python experiments/fill_in.py --root=/tmp/fillin_exp --report_only   # tables from workdirs
+  python experiments/fill_in.py --config=configs/fill_in.py:tiny --root=/tmp/fillin_tiny \
+      --seeds=0 --out=/tmp/fillin_tiny/results                          # a seconds-long smoke run
 
 Runs, with the committed defaults of configs/fill_in.py (each through the CLI, so the commands
 in the report are the ones that ran; a stage whose workdir already holds its last step is not
@@ -36,14 +38,15 @@ from pathlib import Path
 import jax
 import jax.numpy as jnp
 import numpy as np
-from fill_in_report import markdown, metric_keys, plot
+from fill_in_report import REWARD, TRAIN_STATS, has_train_value, markdown, metric_keys, plot
+from fill_in_report import train_value as value
 
 from grpo_jax import checkpoint as ckpt_lib
-from grpo_jax import config_blocks, fill_in, trainer
+from grpo_jax import config_blocks, trainer
 from grpo_jax import data as data_lib
 from grpo_jax import judge as judge_lib
 from grpo_jax.metric_writers import read_metrics
-from grpo_jax.task import build_task
+from grpo_jax.tasks import build_task, fill_in
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIG = "configs/fill_in.py"
@@ -66,16 +69,18 @@ def literal(text: str):
         return text
 
 
-def load_config(flags=()):
-    """configs/fill_in.py with --config.KEY=VALUE flags applied (ConfigDict checks the types)."""
+def load_config(flags=(), config=CONFIG):
+    """``config`` (path[:variant], default configs/fill_in.py) with --config.KEY=VALUE flags
+    applied (ConfigDict checks the types)."""
+    path, _, variant = config.partition(":")
     overrides = dict(f.removeprefix("--config.").split("=", 1) for f in flags)
     return config_blocks.load_config(
-        str(ROOT / CONFIG), **{k: literal(v) for k, v in overrides.items()}
+        str(ROOT / path), variant, **{k: literal(v) for k, v in overrides.items()}
     )
 
 
 def run_stage(name, workdir, mode, flags, num_steps, args, times):
-    cmd = [sys.executable, "-m", "grpo_jax.main", f"--config={CONFIG}", f"--mode={mode}"]
+    cmd = [sys.executable, "-m", "grpo_jax.main", f"--config={args.config}", f"--mode={mode}"]
     cmd += [f"--workdir={workdir}", "--config.logging.progress=False", *flags]
     shown = " ".join(["python", *cmd[1:]])
     done = read_metrics(workdir) if (workdir / "metrics.jsonl").exists() else []
@@ -92,18 +97,18 @@ def run_stage(name, workdir, mode, flags, num_steps, args, times):
     return shown
 
 
-def step0_eval(cfg_flags, gen: Path, judge: Path):
+def step0_eval(cfg_flags, gen: Path, judge: Path, config=CONFIG):
     """The supervised generator on the GRPO run's held-out set, judged by the GRPO judge."""
-    cfg = load_config(cfg_flags)
+    cfg = load_config(cfg_flags, config)
     cfg.init_from, cfg.judge.checkpoint = str(gen), str(judge)
     task = build_task(cfg, "eval")
     scalars, _ = task.evaluate(trainer.initial_params(cfg, task))
     return scalars
 
 
-def optimum_diagnostic(gen: Path, judge: Path, policies, num_windows=2048):
+def optimum_diagnostic(gen: Path, judge: Path, policies, num_windows=2048, config=CONFIG):
     """fill_in.single_char_optimum with the committed config, the GRPO judge and policies."""
-    cfg = load_config()
+    cfg = load_config(config=config)
     cfg.judge.checkpoint = str(judge)
     v, length = data_lib.load_corpus(cfg.data).vocab.size, cfg.data.window_len
     judge_params = judge_lib.load_judge(cfg, judge_lib.make_judge_model(cfg.judge, v, length), v)
@@ -115,29 +120,33 @@ def optimum_diagnostic(gen: Path, judge: Path, policies, num_windows=2048):
 
 
 def grpo_summary(workdir: Path, step0: dict, window: int, keys):
+    """A GRPO workdir's held-out evals and train metrics (stored under the current names;
+    a workdir from before the engine refactor is read through its old ones)."""
     rows = read_metrics(workdir)
     evals = [{"step": 0, **{k: step0[k] for k in keys}}]
     evals += [{"step": r["step"], **{k: r[k] for k in keys}} for r in rows if keys[0] in r]
-    train = [r for r in rows if "reward_mean" in r]
-    stats = ("reward_mean", "sample_fill_accuracy", "kl", "entropy")
+    train = [r for r in rows if has_train_value(r, REWARD)]
     windows = []
     for lo in range(0, max(r["step"] for r in train), window):
         sel = [r for r in train if lo < r["step"] <= lo + window]
         if sel:
-            means = {k: float(np.mean([r[k] for r in sel])) for k in stats}
+            means = {k: float(np.mean([value(r, k) for r in sel])) for k in TRAIN_STATS}
             windows.append({"steps": f"{lo + 1}-{lo + window}", **means})
-    curve = [{k: r[k] for k in ("step", "reward_mean", "sample_fill_accuracy")} for r in train]
+    curve = [{"step": r["step"], **{k: value(r, k) for k in TRAIN_STATS[:2]}} for r in train]
     return {"eval": evals, "train_windows": windows, "train_curve": curve}
 
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--root", default="/tmp/fillin_exp", help="workdirs go here")
+    ap.add_argument(
+        "--config", default=CONFIG, help="config file[:variant], e.g. configs/fill_in.py:tiny"
+    )
     ap.add_argument("--seeds", default="0,1,2", help="GRPO seeds (comma-separated)")
     ap.add_argument("--baseline", action="store_true", help="also GRPO with the old defaults")
     ap.add_argument("--report_only", action="store_true", help="read finished workdirs only")
     ap.add_argument("--prefix", default="", help="command prefix, e.g. 'nice -n 10 taskset -c 1'")
-    ap.add_argument("--window", type=int, default=300, help="train steps per reward_mean window")
+    ap.add_argument("--window", type=int, default=300, help="train steps per reward window")
     ap.add_argument("--out", default=str(ROOT / "experiments/results"))
     ap.add_argument("--device", default=f"CPU, {os.cpu_count()} cores ({platform.machine()})")
     args = ap.parse_args()
@@ -146,7 +155,7 @@ def main():
     root = Path(args.root).absolute()
     root.mkdir(parents=True, exist_ok=True)
     seeds = [int(s) for s in args.seeds.split(",") if s.strip()]
-    c = load_config()
+    c = load_config(config=args.config)
     times_path = root / "times.json"
     times = json.loads(times_path.read_text()) if times_path.exists() else {}
     gen, judge = root / "gen", root / "judge"
@@ -154,7 +163,7 @@ def main():
     jflags = [f"--config.judge.negatives_from={gen}"]
     cmds["judge"] = run_stage("judge", judge, "train_judge", jflags, c.judge.num_steps, args, times)
     common = [f"--config.judge.checkpoint={judge}", f"--config.init_from={gen}"]
-    step0, keys, n = step0_eval([], gen, judge), metric_keys(c), c.train.num_steps
+    step0, keys, n = step0_eval([], gen, judge, args.config), metric_keys(c), c.train.num_steps
     runs = []
     for s in seeds:
         wd, flags = root / f"grpo_s{s}", [*common, f"--config.seed={s}"]
@@ -162,14 +171,14 @@ def main():
         runs.append(grpo_summary(wd, step0, args.window, keys))
     base, policies = None, [root / f"grpo_s{s}" for s in seeds]
     if args.baseline:
-        gb, n = root / "grpo_base", load_config(BASELINE_GRPO).train.num_steps
+        gb, n = root / "grpo_base", load_config(BASELINE_GRPO, args.config).train.num_steps
         flags = [*common, *BASELINE_GRPO]
         cmds["grpo_base"] = run_stage("grpo_base", gb, "train", flags, n, args, times)
-        step0_base = step0_eval(BASELINE_GRPO, gen, judge)
+        step0_base = step0_eval(BASELINE_GRPO, gen, judge, args.config)
         base = grpo_summary(gb, step0_base, 100, keys)
         policies.append(gb)
     t0 = time.perf_counter()
-    opt = optimum_diagnostic(gen, judge, policies)
+    opt = optimum_diagnostic(gen, judge, policies, config=args.config)
     times.setdefault("optimum_diagnostic", round(time.perf_counter() - t0, 1))
     times_path.write_text(json.dumps(times, indent=1))
 
@@ -192,7 +201,7 @@ def main():
     out.mkdir(parents=True, exist_ok=True)
     (out / "fill_in.json").write_text(json.dumps(summary, indent=1))
     plot(runs, seeds, base, out / "fill_in_curves.png")
-    md = markdown(summary, c, ab, root, args.window, CONFIG)
+    md = markdown(summary, c, ab, root, args.window, args.config)
     (out / "fill_in.md").write_text("\n".join(md))
     print(f"wrote {out / 'fill_in.md'}")
 

@@ -3,11 +3,20 @@
 Renders the runner's summary (the dict it writes to fill_in.json) and the ablation file
 (fill_in_ablation.json) as markdown tables, the verdict and the learning-curve figure; it
 runs nothing. ``metric_keys`` names the held-out metrics both the runner and the tables use.
+
+Train metrics carry the trainer's (TRL's) names, ``reward`` and ``rewards/fill_accuracy/mean``.
+Summaries and workdirs from before the engine refactor (the committed fill_in.json among
+them) carry the old ``reward_mean`` and ``sample_fill_accuracy``: ``train_value`` reads
+either, so an old summary still renders.
 """
 
 from pathlib import Path
 
 import numpy as np
+
+REWARD, FILL_ACC = "reward", "rewards/fill_accuracy/mean"
+TRAIN_STATS = (REWARD, FILL_ACC, "kl", "entropy")  # the train metrics the summary keeps
+OLD_NAMES = {REWARD: "reward_mean", FILL_ACC: "sample_fill_accuracy"}  # before the refactor
 
 EVAL_KEYS = (
     "eval/judge_reward",
@@ -37,6 +46,16 @@ def metric_keys(cfg):
     """EVAL_KEYS and the greedy accuracy per span length (eval/fill_accuracy/lenK)."""
     spans = range(cfg.data.span_min, cfg.data.span_max + 1)
     return (*EVAL_KEYS, *(f"eval/fill_accuracy/len{k}" for k in spans))
+
+
+def train_value(row, key):
+    """A train metric of a metrics.jsonl row or a summary entry, under its current name or,
+    in one written before the engine refactor, its old one (OLD_NAMES)."""
+    return row[key] if key in row else row[OLD_NAMES[key]]
+
+
+def has_train_value(row, key) -> bool:
+    return key in row or OLD_NAMES.get(key, key) in row
 
 
 def fmt(x, nd=4):
@@ -72,13 +91,13 @@ def mean_std_table(runs, keys):
 
 
 def windows_table(runs, seeds):
-    head = ["steps", *(f"reward_mean s{s}" for s in seeds), "reward_mean (mean)"]
-    head += ["sample_fill_accuracy (mean)", "kl (mean)"]
+    head = ["steps", *(f"{REWARD} s{s}" for s in seeds), f"{REWARD} (mean)"]
+    head += [f"{FILL_ACC} (mean)", "kl (mean)"]
     rows = []
     for i, w in enumerate(runs[0]["train_windows"]):
-        at = lambda k: [r["train_windows"][i][k] for r in runs]
-        rs = at("reward_mean")
-        means = (np.mean(rs), np.mean(at("sample_fill_accuracy")), np.mean(at("kl")))
+        at = lambda k: [train_value(r["train_windows"][i], k) for r in runs]
+        rs = at(REWARD)
+        means = (np.mean(rs), np.mean(at(FILL_ACC)), np.mean(at("kl")))
         rows.append([w["steps"], *map(fmt, rs), *map(fmt, means)])
     return table(head, rows)
 
@@ -126,7 +145,9 @@ def plot(runs, seeds, base, out: Path):
     fig, ax = plt.subplots(1, 3, figsize=(15, 4))
     for r, s in zip(runs, seeds, strict=True):
         st = [c["step"] for c in r["train_curve"]]
-        rw = np.convolve([c["reward_mean"] for c in r["train_curve"]], np.ones(5) / 5, "same")
+        rewards = [train_value(c, REWARD) for c in r["train_curve"]]
+        k = max(1, min(5, len(rewards)))  # "same" is longer than a run of < 5 logs
+        rw = np.convolve(rewards, np.ones(k) / k, "same")
         ax[0].plot(st, rw, label=f"seed {s}")
         es = [e["step"] for e in r["eval"]]
         ax[1].plot(es, [e["eval/judge_reward"] for e in r["eval"]], "o-", label=f"seed {s}")
@@ -137,7 +158,7 @@ def plot(runs, seeds, base, out: Path):
         es = [e["step"] for e in base["eval"]]
         greedy = [e["eval/fill_accuracy"] for e in base["eval"]]
         ax[2].plot(es, greedy, "k:", label="greedy, old GRPO defaults")
-    ax[0].set(title="train reward_mean (judge logit, 5-log moving avg)", xlabel="step")
+    ax[0].set(title=f"train {REWARD} (judge logit, 5-log moving avg)", xlabel="step")
     ax[1].set(title="held-out judge reward of greedy fills", xlabel="step")
     ax[2].set(title="held-out fill accuracy", xlabel="step")
     for a in ax:
@@ -158,10 +179,10 @@ def verdict(runs, seeds, opt, base, ab, keys):
             f"per seed {', '.join(f'{x:+.4f}' for x in d)}; seed std of the final "
             f"{sd(final[k]):.4f})"
         )
-    w0 = [r["train_windows"][0]["reward_mean"] for r in runs]
-    w1 = [r["train_windows"][-1]["reward_mean"] for r in runs]
+    w0 = [train_value(r["train_windows"][0], REWARD) for r in runs]
+    w1 = [train_value(r["train_windows"][-1], REWARD) for r in runs]
     pairs = ", ".join(f"{a:.3f}→{b:.3f}" for a, b in zip(w0, w1, strict=True))
-    md.append(f"* train reward_mean, first vs last window: per seed {pairs}")
+    md.append(f"* train {REWARD}, first vs last window: per seed {pairs}")
     rises = {short(k): bool(np.all(final[k] > first[k])) for k in keys}
     gain = final["eval/fill_accuracy"] - first["eval/fill_accuracy"]
     word = "RISES" if rises["fill_accuracy"] else "does NOT rise"
@@ -192,7 +213,7 @@ def verdict(runs, seeds, opt, base, ab, keys):
 def markdown(summary, cfg, ab, root, window, config_path):
     """fill_in.md's lines: ``summary`` is fill_in.json's dict, ``ab`` the ablation file's (or
     None), ``cfg`` the committed config at ``config_path``, ``window`` the train steps per
-    reward_mean window and ``root`` the workdirs' folder (both as the runner was given)."""
+    reward window and ``root`` the workdirs' folder (both as the runner was given)."""
     c, keys, seeds = cfg, metric_keys(cfg), summary["seeds"]
     runs = [summary["grpo"][f"seed{s}"] for s in seeds]
     opt, baseline = summary["single_char_optimum"], summary["baseline"]
@@ -264,9 +285,12 @@ def markdown(summary, cfg, ab, root, window, config_path):
     for s, r in zip(seeds, runs, strict=True):
         md += [f"Seed {s}:", "", *eval_table(r["eval"], keys), ""]
     md += [
-        f"## GRPO: train reward_mean per {window}-step window",
+        f"## GRPO: train {REWARD} per {window}-step window",
         "",
-        f"(train `sample_fill_accuracy` is over the T = {c.group.temperature} samples.)",
+        f"(train `{FILL_ACC}` is over the T = {c.group.temperature} samples: per member the "
+        "share of its span's chars equal to the original, averaged over members; runs before "
+        "the engine refactor logged it as `sample_fill_accuracy`, pooled over all sampled "
+        f"chars, and their `{REWARD}` as `reward_mean`.)",
         "",
         *windows_table(runs, seeds),
         "",

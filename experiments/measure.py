@@ -19,15 +19,26 @@ def timed(fn, *args, runs=1):
 def time_train_step(jitted_step, state, inputs, warmup: int, steps: int):
     """Compiles a jitted (donating) train step, runs `warmup` untimed and `steps` timed steps.
 
+    ``jitted_step`` is a ``jax.jit`` function (e.g. ``jax.jit(step.fused, donate_argnums=0)``
+    or sharding.jit_step's run of a fused step), compiled ahead of time here. A step that is
+    not one program (sharding.jit_step's run of an engine.Step with a Python reward: jitted
+    rollout, host rewards, jitted update) has no ``lower``: its first call, compilations
+    included, is timed as the compile instead, and ``compiled`` is None.
+
     Returns (compiled, state, last metrics, compile seconds, per-step seconds)."""
     t0 = time.perf_counter()
-    compiled = jitted_step.lower(state, inputs).compile()
+    if hasattr(jitted_step, "lower"):
+        compiled = jitted_step.lower(state, inputs).compile()
+    else:
+        compiled = None
+        state, _ = jax.block_until_ready(jitted_step(state, inputs))
+    run = compiled if compiled is not None else jitted_step
     compile_s = time.perf_counter() - t0
     for _ in range(warmup):
-        state, _ = jax.block_until_ready(compiled(state, inputs))
+        state, _ = jax.block_until_ready(run(state, inputs))
     times, metrics = [], None
     for _ in range(steps):  # one call per timing: each step consumes the state it is given
-        (state, metrics), t = timed(compiled, state, inputs)
+        (state, metrics), t = timed(run, state, inputs)
         times += t
     return compiled, state, metrics, compile_s, times
 
@@ -38,7 +49,7 @@ def memory(compiled):
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux: KiB
     out = {"process_peak_rss_bytes": int(rss)}
     try:
-        ma = compiled.memory_analysis()
+        ma = None if compiled is None else compiled.memory_analysis()
     except Exception:  # not every backend implements it
         ma = None
     if ma is not None:

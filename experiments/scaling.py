@@ -2,10 +2,18 @@
 
 One exhaustive GRPO train step (group = all V first tokens, each continued for horizon - 1
 sampled tokens; the whole step jitted once, state donated) for a model with vocabulary V on
-synthetic data: ``train_tokens`` is a random int32 array in [0, V), the reward is ``match``
+synthetic data: the train tokens are uniform random ids in [0, V), the reward is ``match``
 (per-char agreement with the window's true continuation), and there is NO reference model
-(``reference=None``), so the step has no KL term at all (no exact KL over V, no reference
-log-probs): the figures are rollout + reward + policy gradient + optimizer update only.
+(``reference.kind=none``), so the step has no KL term at all (no exact KL over V, no
+reference log-probs): the figures are rollout + reward + policy gradient + optimizer update
+only.
+
+The step is the Shakespeare task's own (``build_task(config, "train")``, ``task.build``,
+``task.make_state``; ``step.fused`` jitted with the state donated), so the table times exactly
+what the trainer runs. The task's vocabulary is its corpus's distinct characters, so a
+synthetic V is a synthetic corpus: ``--corpus_len`` characters over V distinct Unicode code
+points (each once, the rest uniform at random), written to a temporary file that
+``config.data.path`` names; the task's ids are then uniform random in [0, V).
 ``group.vocab_chunk`` bounds the rollout (members decoded that many at a time) and
 ``group.loss_chunk`` the loss's training forward over the continuations (members in chunks,
 rematerialised in the backward pass; see loss.py). The model is the plain config's (4 layers,
@@ -41,24 +49,16 @@ import shlex
 import statistics
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import jax
-import jax.numpy as jnp
+import numpy as np
 from absl import app, flags
 from measure import memory, time_train_step
 from ml_collections import config_flags
 
-from grpo_jax import groups, rewards
-from grpo_jax.loss import make_loss
-from grpo_jax.model import init_params, make_model
-from grpo_jax.train_step import (
-    StepInputs,
-    init_state,
-    make_optimizer,
-    make_train_step,
-    parts_forced_flags,
-)
+from grpo_jax.tasks import build_task
 
 FLAGS = flags.FLAGS
 config_flags.DEFINE_config_file(
@@ -80,7 +80,7 @@ flags.DEFINE_string(
 flags.DEFINE_integer("batch_size", 8, "Prompts per step (B).", lower_bound=1)
 flags.DEFINE_integer("context_len", 100, "Context length.", lower_bound=1)
 flags.DEFINE_integer("horizon", 70, "Horizon.", lower_bound=1)
-flags.DEFINE_integer("corpus_len", 200_000, "Length of the synthetic token array.")
+flags.DEFINE_integer("corpus_len", 200_000, "Length of the synthetic corpus (chars).")
 flags.DEFINE_integer("warmup", 1, "Untimed steps after compilation.", lower_bound=0)
 flags.DEFINE_integer("steps", 2, "Timed steps (median reported).", lower_bound=1)
 flags.DEFINE_string("out_dir", "experiments/results", "Where the table and JSON go.")
@@ -117,37 +117,54 @@ def parse_runs(entries) -> list:
     return [parse_run(item, by_v) for item in entries]
 
 
-def step_config(v: int, chunk: int, loss_chunk: int):
+def synthetic_corpus(path: Path, v: int, length: int, seed: int) -> None:
+    """``length`` characters over V distinct code points (from U+0100 on, surrogates skipped):
+    each of the V once (so the task's vocabulary is exactly V), the rest uniform at random."""
+    if length < v:
+        raise app.UsageError(f"--corpus_len={length} must be >= V={v}: every char must occur")
+    cps = np.arange(0x100, 0x100 + v + 0x800)
+    cps = cps[(cps < 0xD800) | (cps >= 0xE000)][:v].astype(np.uint32)
+    rng = np.random.default_rng(seed)
+    ids = np.concatenate([rng.permutation(v), rng.integers(0, v, length - v)])
+    path.write_bytes(cps[ids].tobytes().decode("utf-32-le").encode("utf-8"))
+
+
+def step_config(data_path: Path, chunk: int, loss_chunk: int):
     config = FLAGS.config
+    config.data.path = str(data_path)
     config.group.mode = "exhaustive"
     config.group.vocab_chunk = chunk
     config.group.loss_chunk = loss_chunk
     config.train.batch_size = FLAGS.batch_size
+    # the optimizer's schedule spans the steps made here, as it always has in this table
+    config.train.num_steps = FLAGS.warmup + FLAGS.steps
     config.data.context_len = FLAGS.context_len
     config.data.horizon = FLAGS.horizon
     config.reference.kind = "none"
     config.reward.terms = "match"
+    # the task also builds its (unused here) held-out evaluation: keep it small, and fit no
+    # n-gram baselines over a V-char alphabet
+    config.eval.num_windows = 1
+    config.eval.ngram_baselines = ()
     return config
 
 
 def measure(v: int, chunk: int, loss_chunk: int, compile_only: bool = False) -> dict:
-    config = step_config(v, chunk, loss_chunk)
+    with tempfile.TemporaryDirectory(prefix="scaling_") as tmp:
+        data_path = Path(tmp) / f"synthetic_v{v}.txt"
+        synthetic_corpus(data_path, v, FLAGS.corpus_len, seed=1)
+        config = step_config(data_path, chunk, loss_chunk)
+        task = build_task(config, "train")
+    if task.vocab.size != v:
+        raise RuntimeError(f"the synthetic corpus has {task.vocab.size} distinct chars, not {v}")
     c, h = config.data.context_len, config.data.horizon
-    max_len = config.model.max_len or c + h
-    model = make_model(config.model, v, max_len)
-    params = init_params(model, jax.random.PRNGKey(config.seed))
-    collect = groups.make_collect(config, model, v, None, rewards.make_reward_fn(config.reward))
-    loss_fn = make_loss(config, model, has_reference=False)
-    tx, schedule = make_optimizer(
-        config.optim, FLAGS.warmup + FLAGS.steps, updates_per_step=config.grpo.num_iterations
-    )
-    step = make_train_step(config, collect, loss_fn, tx, schedule, parts_forced_flags(config), v)
-    state = init_state(params, tx, config.seed)
-    tokens = jax.random.randint(jax.random.PRNGKey(1), (FLAGS.corpus_len,), 0, v, jnp.int32)
-    inputs = StepInputs(tokens, None)
+    params = task.init_params(jax.random.PRNGKey(config.seed))
+    n_params = int(sum(x.size for x in jax.tree.leaves(params)))
+    step, inputs = task.build(params)
+    state = task.make_state(params)
 
     load_before = os.getloadavg()
-    jstep = jax.jit(step, donate_argnums=0)
+    jstep = jax.jit(step.fused, donate_argnums=0)
     warmup, steps = (0, 0) if compile_only else (FLAGS.warmup, FLAGS.steps)
     compiled, state, metrics, compile_s, times = time_train_step(
         jstep, state, inputs, warmup, steps
@@ -159,7 +176,7 @@ def measure(v: int, chunk: int, loss_chunk: int, compile_only: bool = False) -> 
         "loss_chunk": int(config.group.loss_chunk),
         "compile_only": compile_only,
         "device": f"{dev.device_kind} ({dev.platform})",
-        "params": int(sum(x.size for x in jax.tree.leaves(params))),
+        "params": n_params,
         "batch_size": config.train.batch_size,
         "context_len": c,
         "horizon": h,

@@ -2,6 +2,8 @@
 
   python experiments/toy_grpo.py                 # writes experiments/results/toy_*
   python experiments/toy_grpo.py --seeds=0,1,2 --out=experiments/results
+  python experiments/toy_grpo.py --seeds=0 --groups=2,exhaustive --steps=20 --early=10 \
+      --smooth=5 --out=/tmp/toy_smoke             # a quick smoke run (not the committed table)
 
 Every run goes through grpo_jax.trainer.train_and_evaluate with configs/toy_bandit.py, i.e.
 exactly what `python -m grpo_jax.main --config=configs/toy_bandit.py:rm|rlvr` runs.
@@ -29,14 +31,17 @@ from absl import logging
 
 from grpo_jax import config_blocks, plots, trainer
 from grpo_jax.metric_writers import read_metrics
-from grpo_jax.task import build_task
-from grpo_jax.toy_bandit import ToyWorld
+from grpo_jax.tasks import build_task
+from grpo_jax.tasks.toy_bandit import ToyWorld
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def run(arg, seed, workdir, **overrides):
-    """configs/toy_bandit.py:<arg> with the seed and dotted-key overrides, trained in workdir."""
+def run(arg, seed, workdir, steps=0, **overrides):
+    """configs/toy_bandit.py:<arg> with the seed and dotted-key overrides, trained in workdir
+    (for ``steps`` GRPO iterations; 0 = the config's)."""
+    if steps:
+        overrides = {"train.num_steps": steps, **overrides}
     cfg = config_blocks.load_config(
         "toy_bandit", arg, seed=seed, **{"logging.progress": False, **overrides}
     )
@@ -65,6 +70,7 @@ def main():
     )
     ap.add_argument("--early", type=int, default=100, help="also report the true reward here")
     ap.add_argument("--smooth", type=int, default=30, help="moving-average window (iterations)")
+    ap.add_argument("--steps", type=int, default=0, help="GRPO iterations (0 = the config's)")
     args = ap.parse_args()
     logging.set_verbosity(logging.WARNING)
     seeds = [int(s) for s in args.seeds.split(",")]
@@ -77,12 +83,12 @@ def main():
 
     # 1. SFT vs GRPO per context (seed 0 world)
     s0 = seeds[0]
-    cfg_rm, last_rm, _ = run("rm", s0, tmp / f"rm_s{s0}")
+    cfg_rm, last_rm, _ = run("rm", s0, tmp / f"rm_s{s0}", args.steps)
     sft = sft_eval(cfg_rm)
     n = cfg_rm.toy.num_contexts
     rlvr = {}
     for s in seeds:
-        cfg_v, last_v, _ = run("rlvr", s, tmp / f"rlvr_s{s}")
+        cfg_v, last_v, _ = run("rlvr", s, tmp / f"rlvr_s{s}", args.steps)
         rlvr[s] = last_v
         print(
             f"rlvr seed {s}: accuracy {last_v['eval/accuracy']:.3f} "
@@ -158,6 +164,7 @@ def main():
                 "rm",
                 s,
                 tmp / f"abl_g{g}_s{s}",
+                args.steps,
                 # one world (seed 0's) for every run: the band is training noise only
                 **{
                     **group,

@@ -298,3 +298,11 @@ def save_config(workdir: str | os.PathLike, config: Any) -> None:
         text = json.dumps(config, indent=2, sort_keys=True, default=repr)
     _write_atomic(path / "config.json", text + "\n")
     _write_atomic(path / "config.txt", str(config))
+
+
+def latest_step_of(directory: str | os.PathLike) -> int | None:
+    """The newest finalized step under ``directory`` (None when it has none), without opening
+    a manager: orbax names a step's folder by its number only once the save is committed."""
+    path = Path(directory).expanduser()
+    steps = [int(p.name) for p in path.glob("*") if p.is_dir() and p.name.isdigit()]
+    return max(steps) if steps else None

@@ -38,7 +38,7 @@ def pick_one(tokens, options, default, what):
 def mesh_block():
     m = config_dict.ConfigDict()
     m.data = -1  # devices on the data axis (-1 = all remaining)
-    m.vocab = 1  # devices on the vocabulary/group axis
+    m.member = 1  # devices on the member axis: every group's members are split over it
     m.shard_params = False  # FSDP-style: shard params/optimizer state over data
     return m
 
@@ -49,7 +49,7 @@ def logging_block(tensorboard=True, char_stats_every=0):
     lg.wandb = False  # also log to Weights & Biases (if installed)
     lg.wandb_project = "grpo_jax"  # W&B project name
     lg.progress = True  # console progress bar
-    # per-first-char stats and heatmap cadence (shakespeare exhaustive groups only; 0 = off)
+    # per-first-token stats cadence (char_stats.jsonl + heatmap; exhaustive Shakespeare; 0 = off)
     lg.char_stats_every = char_stats_every
     return lg
 

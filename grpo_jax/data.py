@@ -192,7 +192,7 @@ def load_corpus(data_config) -> Corpus:
     return Corpus(vocab, train, val)
 
 
-def _random_windows(key, tokens, batch_size: int, width: int) -> jax.Array:
+def random_windows(key, tokens, batch_size: int, width: int) -> jax.Array:
     """[B, width] contiguous windows at uniform random starts (traced)."""
     n = tokens.shape[0]
     if n < width:
@@ -214,14 +214,14 @@ def sample_windows(key, tokens, batch_size: int, context_len: int, horizon: int)
       context int32 [B, C] and target int32 [B, H], where
       concat(context, target) is tokens[s : s + C + H] for a uniform s.
     """
-    w = _random_windows(key, tokens, batch_size, context_len + horizon)
+    w = random_windows(key, tokens, batch_size, context_len + horizon)
     return w[:, :context_len], w[:, context_len:]
 
 
 @functools.partial(jax.jit, static_argnames=("batch_size", "seq_len"))
 def lm_batch(key, tokens, batch_size: int, seq_len: int):
     """Next-char pretraining batch: inputs [B, L] and labels [B, L] (shifted by 1)."""
-    w = _random_windows(key, tokens, batch_size, seq_len + 1)
+    w = random_windows(key, tokens, batch_size, seq_len + 1)
     return w[:, :-1], w[:, 1:]
 
 

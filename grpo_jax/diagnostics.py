@@ -39,7 +39,7 @@ class Monitor:
             )
         std = metrics.get("reward_std")
         if std is not None:
-            self.reward = metrics.get("reward_mean", self.reward)
+            self.reward = metrics.get("reward", self.reward)
             self.low = self.low + 1 if std < c.reward_std_low else 0
             self.high = self.high + 1 if std > c.reward_std_high else 0
             if self.low == c.patience:
@@ -59,7 +59,7 @@ class Monitor:
                 r0, h0 = self.prev_eval
                 if self.reward > r0 and metrics[key] < h0 - c.heldout_min_drop:
                     out.append(
-                        f"step {step}: reward_mean rose ({r0:.4f} -> {self.reward:.4f}) while "
+                        f"step {step}: reward rose ({r0:.4f} -> {self.reward:.4f}) while "
                         f"{key} fell ({h0:.4f} -> {metrics[key]:.4f}): possible reward hacking"
                     )
             self.prev_eval = (self.reward, metrics[key])

@@ -10,18 +10,22 @@ Metrics (N windows of C context chars + H target chars):
                            the char itself is returned as text (a collapse onto ' ' is visible)
 """
 
+import math
+
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 from grpo_jax import rollout as ro
 from grpo_jax.model import Transformer
+from grpo_jax.policy import TokenPrompts, sample, transformer_policy
 
 GREEDY = ro.SamplingParams(temperature=1.0, top_k=1, top_p=1.0)
 
 
 def make_eval_fn(model: Transformer, context_len: int, horizon: int, batch_size: int, pass_k):
     """Returns evaluate(params, context [N, C], target [N, H]) -> dict of arrays (jittable)."""
+    greedy_policy = transformer_policy(model, GREEDY, horizon)
 
     def one_batch(params, ctx, tgt):
         full = jnp.concatenate([ctx, tgt], axis=1)
@@ -32,8 +36,8 @@ def make_eval_fn(model: Transformer, context_len: int, horizon: int, batch_size:
         p0 = jnp.exp(logp[:, 0])[jnp.arange(tgt.shape[0]), tgt[:, 0]]
         # greedy rollout: top-1 filtering makes the inverse-CDF sampler an argmax
         u = jnp.zeros((ctx.shape[0], 1, horizon))
-        r = ro.rollout(model, params, ctx, None, u, GREEDY)
-        greedy = r.tokens[:, 0]
+        tokens, _ = sample(greedy_policy, params, TokenPrompts(ctx, None, {}), u, GREEDY)
+        greedy = tokens[:, 0]
         return {
             "nll": nll.mean(1),
             "acc": acc.mean(1),
@@ -75,3 +79,19 @@ def summarize(res: dict, vocab, context: np.ndarray, num_samples: int):
         lines.append(f"--- context: {vocab.decode(context[i][-60:])!r}")
         lines.append(f"    greedy : {vocab.decode(greedy[i])!r}")
     return scalars, vocab.decode([best]), "\n".join(lines)
+
+
+def pass_at_k(num_correct: np.ndarray, n: int, k: int) -> float:
+    """Unbiased pass@k, 1 - C(n-c, k) / C(n, k), averaged over problems (Chen et al. 2021).
+
+    num_correct [P] holds c, the correct samples among n per problem.
+    """
+    c = np.asarray(num_correct, np.int64).reshape(-1)
+    if not 1 <= k <= n or c.size == 0 or np.any((c < 0) | (c > n)):
+        raise ValueError(f"pass_at_k needs 1 <= k <= n and 0 <= c <= n: {n=}, {k=}, c={c}")
+    # The product form avoids the huge binomials of the ratio.
+    per_problem = [
+        1.0 if n - ci < k else 1.0 - math.prod(1.0 - k / m for m in range(n - ci + 1, n + 1))
+        for ci in c
+    ]
+    return float(np.mean(per_problem))

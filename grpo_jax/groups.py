@@ -1,10 +1,12 @@
-"""Forming the groups of one GRPO step (``config.group.mode``), all with static shapes.
+"""Forming the groups of one GRPO step (``group.mode``), all with static shapes, for any Policy.
 
-A group mode picks each prompt's members, rolls them out, and scores them. The result is one
-or two ``Part`` s: a *sampled* part (G members with sampled first actions, the ordinary GRPO
-group) and/or a *forced* part (every member's first action is forced: the whole vocabulary,
-or a guide's candidates). The loss (loss.py) treats the two kinds differently at the decision
-point and alike after it.
+A group mode picks each prompt's members and rolls them out. The result is one or two
+``Part`` s: a *sampled* part (G members with sampled first tokens, the ordinary GRPO group)
+and/or a *forced* part (every member's first token is forced: the whole vocabulary, or a
+guide's candidates). Rewards are not computed here: the engine scores the parts afterwards
+(``score``), on device or, for Python rewards, on the host between two jitted programs. The
+loss (loss.py) treats the two kinds of part differently at the decision point and alike after
+it.
 
 Modes:
   sampled     one sampled part, K = group.size.
@@ -12,37 +14,50 @@ Modes:
   guided      one forced part, actions = the guide's top-k plus r random explorers (K = k + r
               static); where the guide is confident (entropy below group.entropy_threshold)
               only its top-``guide_top_k_confident`` count, the other slots are masked out.
-  adaptive    a fixed budget of ``ceil(B / 4)`` contexts per batch gets exhaustive groups:
+  adaptive    a fixed budget of ``ceil(B / 4)`` prompts per batch gets exhaustive groups:
               the most uncertain ones, and only those whose policy entropy exceeds
-              group.entropy_threshold (a mask); every other context uses a sampled group.
+              group.entropy_threshold (a mask); every other prompt uses a sampled group.
               Compute is static: B*G sampled + budget*V forced rollouts per step.
+
+Completions may end early at EOS: every part carries ``completion_mask [B, K, T]`` (1 up to
+and including EOS) and everything downstream (rewards, advantages, loss, KL, entropy,
+metrics) reads through it.
 """
 
 import math
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
 
 from grpo_jax import objective
 from grpo_jax import rollout as ro
-
-MODES = ("sampled", "exhaustive", "guided", "adaptive")
+from grpo_jax.policy import Policy, Reference, rollout
+from grpo_jax.specs import GroupSpec
 
 
 class Part(NamedTuple):
     """One kind of group for a batch of prompts; everything the μ updates reuse."""
 
-    context: jax.Array  # [B, C]
-    tokens: jax.Array  # [B, K, H] (tokens[..., 0] = first action)
+    prompts: Any  # the part's prompts (adaptive's forced part: a sub-batch)
+    tokens: jax.Array  # [B, K, T] (tokens[..., 0] = first action)
+    completion_mask: jax.Array  # [B, K, T] float: 1 up to and including EOS
     member_mask: jax.Array  # [B, K] float: 1 where the member counts (prompt and slot valid)
-    logp_old: jax.Array  # [B, K, H] sampler log-probs (π_old)
-    advantages: jax.Array  # [B, K, H] per-token advantages for the clipped surrogate
-    action_returns: jax.Array  # [B, A] forced parts: return of each forced first action
+    logp_old: jax.Array  # [B, K, T] sampler log-probs (π_old)
+    actions: jax.Array  # [B, A] forced parts: the forced first actions ([B, 0] otherwise)
     action_mask: jax.Array  # [B, A] forced parts: which actions count
-    actions: jax.Array  # [B, A] forced parts: the forced first actions
-    ref_logp: jax.Array  # [B, K, H, V] reference log-probs (or [B, K, H, 0] when unused)
-    rewards: jax.Array  # [B, K, H] per-token rewards (for metrics)
+    ref_logp: jax.Array  # [B, K, T, V] reference log-probs (or [B, K, T, 0] when unused)
+    # filled by score() once the rewards are known
+    rewards: jax.Array  # [B, K, T] per-token rewards (0 outside the completion)
+    returns: jax.Array  # [B, K] per-member return
+    advantages: jax.Array  # [B, K, T] per-token advantages for the clipped surrogate
+    action_returns: jax.Array  # [B, A] forced parts: return of each forced first action
+    valid: jax.Array  # [B, K] float: members some reward term scored (not all None)
+
+    @property
+    def token_mask(self):
+        """[B, K, T]: tokens that exist (member counts and the completion has not ended)."""
+        return self.completion_mask * self.member_mask[..., None]
 
 
 def first_action_layout(actions, n_cont):
@@ -60,7 +75,7 @@ def guided_candidates(key, guide_logp, top_k, top_k_confident, n_random, thresho
     noise = jax.random.uniform(key, (b, v))
     _, rand = jax.lax.top_k(jnp.where(taken, -1.0, noise), n_random)
     actions = jnp.concatenate([top, rand], axis=1).astype(jnp.int32)
-    confident = ro.entropy_of_logp(guide_logp) < threshold
+    confident = objective.entropy_from_logits(guide_logp) < threshold
     slot = jnp.arange(top_k + n_random)
     mask = jnp.where(confident[:, None], slot < top_k_confident, True)
     return actions, mask.astype(jnp.float32)
@@ -70,195 +85,157 @@ def adaptive_budget(batch_size: int) -> int:
     return max(1, math.ceil(batch_size / 4))
 
 
-def sequence_returns(rewards, member_mask, discount=1.0):
-    """Per-token rewards [B, K, H] -> per-member returns [B, K].
+def members_per_prompt(spec: GroupSpec, vocab_size: int, batch_size: int) -> float:
+    """Rollouts per prompt (for throughput figures)."""
+    n = spec.continuations_per_action
+    if spec.mode == "sampled":
+        return spec.size
+    if spec.mode == "exhaustive":
+        return vocab_size * n
+    if spec.mode == "guided":
+        return (spec.guide_top_k + spec.guide_random) * n
+    return spec.size + adaptive_budget(batch_size) * vocab_size * n / batch_size
 
-    R = Σ_t γ^t r_t / Σ_t γ^t: a γ-weighted mean over the horizon, in reward units (γ = 1 is
-    the plain mean). A small γ makes an early char's own reward dominate the return instead
-    of the horizon's later chars, most of which are scored after the member has left the
-    true text."""
-    h = rewards.shape[-1]
-    w = jnp.asarray(discount, jnp.float32) ** jnp.arange(h, dtype=jnp.float32)
-    return (rewards @ (w / w.sum())) * member_mask
+
+def sequence_returns(rewards, mask, discount=1.0):
+    """Per-token rewards [B, K, T] -> per-member returns [B, K].
+
+    R = Σ_t γ^t m_t r_t / Σ_t γ^t m_t: a γ-weighted mean over the completion's tokens, in
+    reward units (γ = 1 is the plain mean; an outcome reward spread over the tokens returns
+    itself). A small γ makes an early token's own reward dominate the return instead of the
+    later tokens', most of which are scored after the member has left the true text."""
+    t = rewards.shape[-1]
+    w = jnp.asarray(discount, jnp.float32) ** jnp.arange(t, dtype=jnp.float32) * mask
+    return jnp.sum(rewards * w, -1) / jnp.maximum(jnp.sum(w, -1), 1e-30)
 
 
-def make_collect(config, model, vocab_size, reference, reward_fn, member_map=None):
-    """Returns collect(params, ref_state, context, target, key) -> (parts, info) (pure).
+def make_collect(spec: GroupSpec, policy: Policy, reference: Reference | None, member_map=None):
+    """Returns collect(params, ref_state, prompts, key) -> (parts, info) (pure).
 
     ``member_map(fn, first_tokens, u)`` optionally wraps the per-member rollout (sharding.py
-    uses it to shard_map the member axis over the mesh's vocab axis)."""
-    g = config.group
-    mode = g.mode
-    if mode not in MODES:
-        raise ValueError(f"group.mode={mode!r} is unknown; choose from {', '.join(MODES)}")
-    sp = ro.sampling_params(g)
-    h = config.data.horizon
-    n_cont = int(g.continuations_per_action)
-    scale = config.grpo.advantage_scale
-    per_token_adv = bool(config.reward.per_token)
-    discount = float(config.reward.get("discount", 1.0))
-    if not 0.0 <= discount <= 1.0:
-        raise ValueError(
-            f"reward.discount={discount} must lie in [0, 1]; "
-            "pass --config.reward.discount=γ with 0 <= γ <= 1"
-        )
-    cont_token_adv = True  # continuation tokens: per-position group baseline (see loss.py)
-    needs_ref = reference is not None
+    uses it to shard_map the member axis over the mesh's member axis)."""
+    g, sp = spec, spec.sampling
+    t, v = policy.completion_length, policy.vocab_size
+    n_cont = g.continuations_per_action
+    empty_actions = lambda b: (jnp.zeros((b, 0), jnp.int32), jnp.zeros((b, 0)))
 
-    def score(ref_state, context, target, r: ro.Rollout, member_mask):
-        ref_lp = (
-            reference.logprobs(ref_state, context, r.tokens)
-            if needs_ref
-            else jnp.zeros(r.tokens.shape + (0,), jnp.float32)
-        )
-        rewards = reward_fn(r.tokens, target, ref_lp if needs_ref else None)
-        return ref_lp, rewards * member_mask[..., None]
+    def roll(params, state, prompts, first_logits, first, u, chunk):
+        """Members' completions from their first tokens (None: sample them from π_old)."""
+        out = rollout(policy, params, prompts, first_logits, state, first, u, sp, chunk, member_map)
+        return out[0], out[1], out[3]
 
-    def sampled_part(params, ref_state, context, target, first_logits, prefix, key, prompt_mask):
-        b = context.shape[0]
-        u = jax.random.uniform(key, (b, g.size, h))
-        r = ro.rollout_from_prefix(
-            model, params, first_logits, prefix, context.shape[1], None, u, sp, 0, member_map
-        )
-        mm = jnp.broadcast_to(prompt_mask[:, None], (b, g.size)).astype(jnp.float32)
-        ref_lp, rewards = score(ref_state, context, target, r, mm)
-        if per_token_adv:
-            adv = objective.group_advantages(rewards, scale, mask=mm > 0)
+    def part(ref_state, prompts, tokens, logp, mask, member_mask, actions, action_mask):
+        if reference is not None:
+            ref_lp = reference.logprobs(ref_state, prompts, tokens)
         else:
-            seq = objective.group_advantages(
-                sequence_returns(rewards, mm, discount), scale, mask=mm > 0
-            )
-            adv = jnp.broadcast_to(seq[..., None], rewards.shape)
-        empty = jnp.zeros((b, 0))
+            ref_lp = jnp.zeros(tokens.shape + (0,), jnp.float32)
+        zeros = jnp.zeros(tokens.shape, jnp.float32)
         return Part(
-            context,
-            r.tokens,
-            mm,
-            r.logp,
-            adv,
-            empty,
-            empty,
-            empty.astype(jnp.int32),
-            ref_lp,
-            rewards,
-        )
+            prompts, tokens, mask, member_mask, logp, actions, action_mask, ref_lp,
+            zeros, zeros[..., 0], zeros, jnp.zeros(actions.shape, jnp.float32), member_mask,
+        )  # fmt: skip
 
-    def forced_part(
-        params, ref_state, context, target, first_logits, prefix, actions, action_mask, key
-    ):
+    def sampled_part(params, ref_state, prompts, first_logits, state, key, prompt_mask):
+        b = first_logits.shape[0]
+        u = jax.random.uniform(key, (b, g.size, t))
+        tokens, logp, mask = roll(params, state, prompts, first_logits, None, u, 0)
+        mm = jnp.broadcast_to(prompt_mask[:, None], (b, g.size)).astype(jnp.float32)
+        return part(ref_state, prompts, tokens, logp, mask, mm, *empty_actions(b))
+
+    def forced_part(params, ref_state, prompts, first_logits, state, actions, action_mask, key):
         b, a = actions.shape
         first = first_action_layout(actions, n_cont)
+        u = jax.random.uniform(key, (b, a * n_cont, t))
+        tokens, logp, mask = roll(params, state, prompts, first_logits, first, u, g.vocab_chunk)
         mm = first_action_layout(action_mask, n_cont)
-        u = jax.random.uniform(key, (b, a * n_cont, h))
-        r = ro.rollout_from_prefix(
-            model,
-            params,
-            first_logits,
-            prefix,
-            context.shape[1],
-            first,
-            u,
-            sp,
-            g.vocab_chunk,
-            member_map,
-        )
-        ref_lp, rewards = score(ref_state, context, target, r, mm)
-        returns = sequence_returns(rewards, mm, discount).reshape(b, a, n_cont).mean(-1)
-        # decision point: advantages over the forced actions (the "uniform" estimator);
-        # continuations: a per-position baseline over the group (their own credit).
-        adv0 = objective.group_advantages(returns, scale, mask=action_mask > 0)
-        adv0 = first_action_layout(adv0, n_cont)
-        if cont_token_adv:
-            adv_rest = objective.group_advantages(rewards[..., 1:], scale, mask=mm > 0)
-        else:
-            seq = objective.group_advantages(
-                sequence_returns(rewards, mm, discount), scale, mask=mm > 0
-            )
-            adv_rest = jnp.broadcast_to(seq[..., None], rewards[..., 1:].shape)
-        adv = jnp.concatenate([adv0[..., None], adv_rest], axis=-1)
-        return Part(
-            context, r.tokens, mm, r.logp, adv, returns, action_mask, actions, ref_lp, rewards
-        )
+        return part(ref_state, prompts, tokens, logp, mask, mm, actions, action_mask)
 
-    def collect(params, ref_state, context, target, key):
-        b = context.shape[0]
+    def guide_logp(ref_state, prompts, first_logits):
+        if g.guide == "reference":
+            return reference.first_logprobs(ref_state, prompts)
+        return ro.tempered_logp(first_logits, sp)
+
+    def collect(params, ref_state, prompts, key):
         k_sample, k_forced, k_guide = jax.random.split(key, 3)
-        first_logits, prefix = ro.prefill(model, params, context)
-        ones = jnp.ones((b,), jnp.float32)
-        info = {}
-        if mode == "sampled":
-            return (
-                sampled_part(
-                    params, ref_state, context, target, first_logits, prefix, k_sample, ones
-                ),
-            ), info
-        if mode == "exhaustive":
-            actions = jnp.broadcast_to(jnp.arange(vocab_size, dtype=jnp.int32), (b, vocab_size))
-            part = forced_part(
-                params,
-                ref_state,
-                context,
-                target,
-                first_logits,
-                prefix,
-                actions,
-                jnp.ones((b, vocab_size)),
-                k_forced,
-            )
-            return (part,), info
-        if mode == "guided":
-            if g.guide == "reference" and needs_ref:
-                guide_logp = reference.first_logprobs(ref_state, context)
-            elif g.guide in ("policy", "reference"):
-                if g.guide == "reference":
-                    raise ValueError("group.guide=reference needs reference.kind=ngram|policy")
-                guide_logp = ro.tempered_logp(first_logits, sp)
-            else:
-                raise ValueError(f"group.guide={g.guide!r} is unknown; choose reference|policy")
+        first_logits, state = policy.prefill(params, prompts)
+        b = first_logits.shape[0]
+        common = (params, ref_state, prompts, first_logits, state)
+        all_actions = jnp.broadcast_to(jnp.arange(v, dtype=jnp.int32), (b, v))
+        if g.mode == "sampled":
+            return (sampled_part(*common, k_sample, jnp.ones((b,))),), {}
+        if g.mode == "exhaustive":
+            return (forced_part(*common, all_actions, jnp.ones((b, v)), k_forced),), {}
+        if g.mode == "guided":
             actions, amask = guided_candidates(
                 k_guide,
-                guide_logp,
+                guide_logp(ref_state, prompts, first_logits),
                 g.guide_top_k,
                 g.guide_top_k_confident,
                 g.guide_random,
                 g.entropy_threshold,
             )
-            info["guided_candidates"] = amask.sum(1).mean()
-            part = forced_part(
-                params, ref_state, context, target, first_logits, prefix, actions, amask, k_forced
-            )
-            return (part,), info
-        # adaptive: the budget's most uncertain contexts, gated by the entropy threshold
-        ent = ro.entropy_of_logp(ro.tempered_logp(first_logits, sp))
+            info = {"guided_candidates": amask.sum(1).mean()}
+            return (forced_part(*common, actions, amask, k_forced),), info
+        # adaptive: the budget's most uncertain prompts, gated by the entropy threshold
+        ent = objective.entropy_from_logits(ro.tempered_logp(first_logits, sp))
         budget = adaptive_budget(b)
         top_ent, idx = jax.lax.top_k(ent, budget)
         chosen = top_ent > g.entropy_threshold
         exhaustive_rows = jnp.zeros((b,), jnp.float32).at[idx].set(chosen.astype(jnp.float32))
-        sub_prefix = jax.tree.map(lambda x: x[idx], prefix)
-        actions = jnp.broadcast_to(jnp.arange(vocab_size, dtype=jnp.int32), (budget, vocab_size))
-        amask = jnp.broadcast_to(chosen[:, None], actions.shape).astype(jnp.float32)
+        sub = lambda tree: jax.tree.map(lambda x: x[idx], tree)
+        amask = jnp.broadcast_to(chosen[:, None], (budget, v)).astype(jnp.float32)
         forced = forced_part(
             params,
             ref_state,
-            context[idx],
-            target[idx],
+            sub(prompts),
             first_logits[idx],
-            sub_prefix,
-            actions,
+            sub(state),
+            all_actions[:budget],
             amask,
             k_forced,
         )
-        sampled = sampled_part(
-            params,
-            ref_state,
-            context,
-            target,
-            first_logits,
-            prefix,
-            k_sample,
-            1.0 - exhaustive_rows,
-        )
-        info["adaptive_exhaustive_frac"] = exhaustive_rows.mean()
-        return (sampled, forced), info
+        sampled = sampled_part(*common, k_sample, 1.0 - exhaustive_rows)
+        return (sampled, forced), {"adaptive_exhaustive_frac": exhaustive_rows.mean()}
 
     return collect
+
+
+def score(part: Part, forced: bool, rewards, valid, spec: GroupSpec, scale, per_token, discount):
+    """Fill a part's rewards, returns and advantages.
+
+    rewards [B, K, T] per-token rewards (outcome rewards spread over the completion);
+    valid [B, K]: members with at least one reward (a member whose every term returned None
+    is left out of its group's statistics and gets advantage 0).
+
+    Sampled parts: the group-relative advantage of each member's return on all its tokens
+    (or, with ``per_token``, per-position advantages over the group). Forced parts: at the
+    decision point the advantages over the forced actions (the "uniform" estimator's; the
+    "expected" estimator reads ``action_returns`` itself), and on the continuation tokens a
+    per-position baseline over the members that are still generating there."""
+    mask = part.token_mask
+    rewards = rewards * mask
+    ok = (part.member_mask > 0) & (valid > 0)
+    returns = sequence_returns(rewards, mask, discount) * ok
+    tok_ok = mask * ok[..., None] > 0
+    if not forced:
+        if per_token:
+            adv = objective.group_advantages(rewards, scale, mask=tok_ok)
+        else:
+            seq = objective.group_advantages(returns, scale, mask=ok)
+            adv = seq[..., None] * mask
+        return part._replace(rewards=rewards, returns=returns, advantages=adv, valid=valid * 1.0)
+    b, a = part.actions.shape
+    n = spec.continuations_per_action
+    action_returns = returns.reshape(b, a, n).mean(-1)
+    action_ok = (part.action_mask > 0) & ok.reshape(b, a, n).any(-1)
+    adv0 = first_action_layout(objective.group_advantages(action_returns, scale, mask=action_ok), n)
+    adv_rest = objective.group_advantages(rewards[..., 1:], scale, mask=tok_ok[..., 1:])
+    adv = jnp.concatenate([adv0[..., None], adv_rest], axis=-1) * mask
+    return part._replace(
+        rewards=rewards,
+        returns=returns,
+        advantages=adv,
+        action_returns=action_returns,
+        action_mask=part.action_mask * action_ok,
+        valid=valid * 1.0,
+    )

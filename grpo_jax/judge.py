@@ -38,8 +38,9 @@ import optax
 import orbax.checkpoint as ocp
 
 from grpo_jax import checkpoint as ckpt_lib
+from grpo_jax import data as data_lib
 from grpo_jax.encoder import SCORE_HEAD, Encoder
-from grpo_jax.train_step import TrainState, supervised_update
+from grpo_jax.train_state import TrainState, supervised_update
 
 CORRUPTIONS = ("random", "unigram", "bigram", "swap", "generator")
 
@@ -102,11 +103,6 @@ def random_spans(key, batch: int, window_len: int, span_min: int, span_max: int)
     return ((pos >= start) & (pos < start + length)).astype(jnp.float32)
 
 
-def random_windows(key, tokens, batch: int, width: int):
-    starts = jax.random.randint(key, (batch,), 0, tokens.shape[0] - width + 1)
-    return jax.vmap(lambda s: jax.lax.dynamic_slice(tokens, (s,), (width,)))(starts)
-
-
 def bigram_fill(key, windows, span, log_bigram):
     """Left-to-right bigram samples in ``span``: each masked char ~ P(· | the char before it,
     itself sampled when masked); a span at position 0 starts from the unigram (row V)."""
@@ -146,7 +142,7 @@ def corrupt(key, windows, span, data: CorruptionData, kinds, gen_fill=None):
         "random": lambda: jax.random.randint(k_rand, (b, length), 0, v),
         "unigram": lambda: jax.random.categorical(k_uni, data.log_unigram, shape=(b, length)),
         "bigram": lambda: bigram_fill(k_bi, windows, span, data.log_bigram),
-        "swap": lambda: random_windows(k_swap, data.tokens, b, length),
+        "swap": lambda: data_lib.random_windows(k_swap, data.tokens, b, length),
         "generator": lambda: gen_fill(k_gen, data.gen_params, windows, span),
     }
     stacked = jnp.stack([options[k]().astype(jnp.int32) for k in kinds])  # [K, B, L]
@@ -198,7 +194,7 @@ def make_judge_step(config, model, tx, schedule, kinds, vocab_size, gen_fill=Non
     def step(state: TrainState, data: CorruptionData):
         key = jax.random.fold_in(state.rng, state.step)
         k_win, k_span, k_cor = jax.random.split(key, 3)
-        real = random_windows(k_win, data.tokens, b, length)
+        real = data_lib.random_windows(k_win, data.tokens, b, length)
         span = random_spans(k_span, b, length, d.span_min, d.span_max)
         fake, _, _ = corrupt(k_cor, real, span, data, kinds, gen_fill)
         x = jnp.concatenate([real, fake])

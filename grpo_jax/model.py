@@ -13,6 +13,12 @@ layout serves three uses:
   * ``decode``: one token per member ``[B, G]`` against the prefix plus a member cache
     ``L x [B, G, heads, S, hd]`` written at ``index``.
 
+Prompts of different lengths are left-padded to a static ``P`` with a ``prompt_mask [B, P]``:
+the last position is always the last prompt token (the decision point), pad keys are masked
+out of every softmax, and positions count real tokens only (a prompt of n tokens occupies
+positions 0..n-1 and its completion n, n+1, ...), so a prompt's logits do not depend on how
+much padding it got. Fixed-length prompts (mask all ones) take exactly the unmasked path.
+
 Params are float32; activations use ``dtype`` (float32 or bfloat16); logits come out float32.
 """
 
@@ -35,11 +41,21 @@ class KV(NamedTuple):
     v: tuple
 
 
-def _attention(q, pk, pv, sk, sv, self_mask, dtype):
+class Prefix(NamedTuple):
+    """A prefilled prompt: its keys/values, which of its P slots are real tokens, and its
+    length in real tokens (the position of the first completion token)."""
+
+    kv: KV
+    mask: jax.Array  # [B, P] bool
+    length: jax.Array  # [B] int32
+
+
+def _attention(q, pk, pv, pmask, sk, sv, self_mask, dtype):
     """Softmax attention over [prefix ; own] keys, one softmax over both.
 
-    q: [B, G, T, h, d]; pk/pv: [B, h, P, d] or None; sk/sv: [B, G, h, S, d];
-    self_mask: broadcastable to [B, G, h, T, S] (True = may attend). Returns [B, G, T, h, d].
+    q: [B, G, T, h, d]; pk/pv: [B, h, P, d] or None; pmask: [B, P] bool (real prefix keys);
+    sk/sv: [B, G, h, S, d]; self_mask: broadcastable to [B, G, h, T, S] (True = may attend).
+    Returns [B, G, T, h, d].
     """
     b, g, t, nh, hd = q.shape
     q = q * jnp.asarray(hd**-0.5, q.dtype)
@@ -54,6 +70,7 @@ def _attention(q, pk, pv, sk, sv, self_mask, dtype):
     qp = q.transpose(0, 3, 1, 2, 4).reshape(b, nh, g * t, hd)
     s_pre = jnp.einsum("bhqd,bhpd->bhqp", qp, pk).astype(jnp.float32)
     s_pre = s_pre.reshape(b, nh, g, t, -1).transpose(0, 2, 1, 3, 4)  # [B, G, h, T, P]
+    s_pre = jnp.where(pmask[:, None, None, None, :], s_pre, _NEG_INF)
     w = jax.nn.softmax(jnp.concatenate([s_pre, s_self], axis=-1), axis=-1).astype(dtype)
     p = pk.shape[2]
     wp = w[..., :p].transpose(0, 2, 1, 3, 4).reshape(b, nh, g * t, p)
@@ -70,9 +87,10 @@ class Block(nn.Module):
     dtype: Any
 
     @nn.compact
-    def __call__(self, x, prefix, cache, index, deterministic):
-        """x: [B, G, T, D]. prefix: (k, v) [B, h, P, d] or None.
+    def __call__(self, x, prefix, cache, index, deterministic, key_mask=None):
+        """x: [B, G, T, D]. prefix: (k, v, mask) with k/v [B, h, P, d], mask [B, P], or None.
 
+        key_mask: [B, T] bool, x's own real tokens (prefill of padded prompts), or None.
         cache: None -> causal self-attention within x (prefill / extend);
                (k, v) [B, G, h, S, d] -> decode (T = 1): x's key/value are written at slot
                ``index`` and x attends to slots <= index.
@@ -91,12 +109,14 @@ class Block(nn.Module):
         if cache is None:
             sk, sv = k, v
             mask = jnp.tril(jnp.ones((t, t), bool))
+            if key_mask is not None:
+                mask = mask & key_mask[:, None, None, None, :]
         else:
             sk = jax.lax.dynamic_update_slice_in_dim(cache[0], k.astype(cache[0].dtype), index, 3)
             sv = jax.lax.dynamic_update_slice_in_dim(cache[1], v.astype(cache[1].dtype), index, 3)
             mask = (jnp.arange(sk.shape[3]) <= index)[None, :]
-        pk, pv = prefix if prefix is not None else (None, None)
-        att = _attention(q, pk, pv, sk, sv, mask, self.dtype).reshape(b, g, t, self.d_model)
+        pk, pv, pm = prefix if prefix is not None else (None, None, None)
+        att = _attention(q, pk, pv, pm, sk, sv, mask, self.dtype).reshape(b, g, t, self.d_model)
         x = x + drop(dense(self.d_model, "proj")(att))
 
         h = nn.LayerNorm(dtype=self.dtype, param_dtype=jnp.float32, name="ln2")(x)
@@ -139,45 +159,61 @@ class Transformer(nn.Module):
         self.ln_f = nn.LayerNorm(dtype=self.dtype, param_dtype=jnp.float32)
         self.drop = nn.Dropout(self.dropout)
 
-    def _embed(self, tokens, offset, deterministic):
-        t = tokens.shape[-1]
-        pos = jax.lax.dynamic_slice_in_dim(self.pos, offset, t, 0).astype(self.dtype)
+    def _embed(self, tokens, positions, deterministic):
+        """tokens [..., T] and their positions (int, broadcastable to tokens)."""
+        pos = jnp.take(self.pos, positions, axis=0, mode="clip").astype(self.dtype)
         return self.drop(self.embed(tokens) + pos, deterministic=deterministic)
 
     def _logits(self, x):
         return self.embed.attend(self.ln_f(x)).astype(jnp.float32)
 
-    def prefill(self, tokens, deterministic=True):
-        """tokens [B, T] -> (logits [B, T, V], prefix KV of L x [B, h, T, d])."""
-        x = self._embed(tokens, 0, deterministic)[:, None]
+    def prefill(self, tokens, prompt_mask=None, deterministic=True):
+        """tokens [B, T] (left-padded when ``prompt_mask`` [B, T] is given) ->
+        (logits [B, T, V], Prefix with L x [B, h, T, d] keys/values)."""
+        b, t = tokens.shape
+        if prompt_mask is None:
+            mask = jnp.ones((b, t), bool)
+            positions = jnp.arange(t)
+        else:
+            mask = prompt_mask > 0
+            positions = jnp.maximum(jnp.cumsum(mask, axis=1) - 1, 0)
+        x = self._embed(tokens, positions, deterministic)[:, None]
+        key_mask = None if prompt_mask is None else mask
         ks, vs = [], []
         for blk in self.blocks:
-            x, (k, v) = blk(x, None, None, None, deterministic)
+            x, (k, v) = blk(x, None, None, None, deterministic, key_mask)
             ks.append(k[:, 0])
             vs.append(v[:, 0])
-        return self._logits(x[:, 0]), KV(tuple(ks), tuple(vs))
+        length = jnp.sum(mask, axis=1).astype(jnp.int32)
+        return self._logits(x[:, 0]), Prefix(KV(tuple(ks), tuple(vs)), mask, length)
 
-    def __call__(self, tokens, deterministic=True):
+    def __call__(self, tokens, deterministic=True, prompt_mask=None):
         """Full causal forward: tokens [B, T] -> logits [B, T, V]."""
-        return self.prefill(tokens, deterministic)[0]
+        return self.prefill(tokens, prompt_mask, deterministic)[0]
 
-    def extend(self, prefix: KV, tokens, offset):
-        """Continuations [B, G, T] at positions offset.. attending to the shared prefix.
+    def _layer_prefix(self, prefix: Prefix, i: int):
+        return prefix.kv.k[i], prefix.kv.v[i], prefix.mask
+
+    def extend(self, prefix: Prefix, tokens):
+        """Continuations [B, G, T] right after the prompt, attending to the shared prefix.
 
         Returns logits [B, G, T, V]; position t predicts token t + 1.
         """
-        x = self._embed(tokens, offset, True)
+        positions = prefix.length[:, None, None] + jnp.arange(tokens.shape[-1])
+        x = self._embed(tokens, positions, True)
         for i, blk in enumerate(self.blocks):
-            x, _ = blk(x, (prefix.k[i], prefix.v[i]), None, None, True)
+            x, _ = blk(x, self._layer_prefix(prefix, i), None, None, True)
         return self._logits(x)
 
-    def decode(self, prefix: KV, cache: KV, tokens, index, offset):
-        """One step: tokens [B, G] at position offset + index, written into ``cache``
-        (L x [B, G, h, S, d]) at slot ``index``. Returns (logits [B, G, V], cache)."""
-        x = self._embed(tokens[..., None], offset + index, True)
+    def decode(self, prefix: Prefix, cache: KV, tokens, index):
+        """One step: tokens [B, G] at completion slot ``index`` (position length + index),
+        written into ``cache`` (L x [B, G, h, S, d]). Returns (logits [B, G, V], cache)."""
+        positions = (prefix.length + index)[:, None, None]
+        x = self._embed(tokens[..., None], positions, True)
         ks, vs = [], []
         for i, blk in enumerate(self.blocks):
-            x, (k, v) = blk(x, (prefix.k[i], prefix.v[i]), (cache.k[i], cache.v[i]), index, True)
+            layer_cache = (cache.k[i], cache.v[i])
+            x, (k, v) = blk(x, self._layer_prefix(prefix, i), layer_cache, index, True)
             ks.append(k)
             vs.append(v)
         return self._logits(x[:, :, 0]), KV(tuple(ks), tuple(vs))
@@ -194,9 +230,7 @@ DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float
 
 
 def make_model(model_cfg, vocab_size: int, max_len: int) -> Transformer:
-    """Build the Transformer from ``config.model``; an unknown dtype is a one-line error."""
-    if model_cfg.dtype not in DTYPES:
-        raise ValueError(f"model.dtype={model_cfg.dtype!r} is unknown; choose from {list(DTYPES)}")
+    """Build the Transformer from a validated ``specs.ModelSpec``."""
     return Transformer(
         vocab_size=vocab_size,
         num_layers=model_cfg.num_layers,
@@ -213,23 +247,20 @@ def init_params(model: Transformer, key, seq_len: int = 8):
     return model.init(key, jnp.zeros((1, seq_len), jnp.int32))["params"]
 
 
-def group_logits(model: Transformer, params, context, tokens):
-    """Training forward of a group: context [B, C], tokens [B, K, H] ->
-    (first_logits [B, V], logits [B, K, H, V]) where logits[:, :, t] scores tokens[:, :, t].
+def group_logits(model: Transformer, params, context, tokens, prompt_mask=None):
+    """Training forward of a group: context [B, C] (left-padded under ``prompt_mask``),
+    tokens [B, K, H] -> (first_logits [B, V], logits [B, K, H, V]) where logits[:, :, t]
+    scores tokens[:, :, t].
 
     The context runs once per prompt; token 0's distribution is the context's last position,
     tokens 1..H-1 come from ``extend`` over tokens 0..H-2 attending to the shared prefix."""
-    logits_c, prefix = model.apply({"params": params}, context, method=Transformer.prefill)
+    logits_c, prefix = model.apply(
+        {"params": params}, context, prompt_mask, method=Transformer.prefill
+    )
     first = logits_c[:, -1]
     b, k, h = tokens.shape
     head = jnp.broadcast_to(first[:, None, None], (b, k, 1, first.shape[-1]))
     if h == 1:
         return first, head
-    rest = model.apply(
-        {"params": params},
-        prefix,
-        tokens[..., :-1],
-        context.shape[1],
-        method=Transformer.extend,
-    )
+    rest = model.apply({"params": params}, prefix, tokens[..., :-1], method=Transformer.extend)
     return first, jnp.concatenate([head, rest], axis=2)

@@ -5,8 +5,46 @@ advantages Â and the k3 KL estimator, PPO (Schulman et al. 2017) for the clippe
 ratio surrogate, DAPO (Yu et al. 2025) for decoupled clipping ε_low/ε_high and
 token-mean aggregation, Dr.GRPO (Liu et al. 2025) for the unscaled advantage and
 the constant-normaliser aggregation.  Shapes: B prompts, G group members, T tokens
-per completion, V vocabulary (actions).  String options are static: pass them
-through `jax.jit(..., static_argnames=...)`.
+per completion (the static, padded maximum completion length), V vocabulary
+(actions).  String options are static: pass them through
+`jax.jit(..., static_argnames=...)`.
+
+Variable-length completions are padded to T and described by a token mask.  A
+row (one completion: every index but the last axis) whose mask is all zero does
+not exist (a padding group member, a masked prompt): it adds nothing to any sum
+and is not counted by any normaliser.
+
+Where this module differs from Hugging Face TRL's `GRPOTrainer` (checked against
+huggingface/trl `trl/trainer/grpo_trainer.py`, `grpo_config.py` and the `nanstd`
+helper in `trainer/utils.py`):
+
+* Reward std: TRL uses the sample std (Bessel-corrected, ddof=1: torch `.std()`
+  in older releases, its own NaN-aware `nanstd` now); `group_advantages` uses
+  the population std (ddof=0).  For a group of G members, ours is
+  sqrt((G-1)/G) times TRL's, so our scaled advantages are larger by sqrt(G/(G-1)).
+* Std epsilon: TRL adds a fixed 1e-4 to the std; ours defaults to eps=1e-8, and
+  a group whose valid rewards are all equal gets an advantage of exactly 0.
+* Scaling options: TRL's `scale_rewards` "group" / "batch" / "none" (True and
+  False alias "group" and "none") correspond to our `grpo.advantage_scale`
+  (`group_advantages(scale=...)`) with the same three names: both centre by the
+  group mean and divide by the group std, by the std of all rewards in the batch,
+  or not at all (the ddof and eps differences above apply to both scaled cases).
+* Loss aggregation (TRL `loss_type` -> ours; "rows" are completions):
+  "grpo" -> "sequence-mean-token-mean", but TRL averages over every row of the
+  local batch, an all-masked row counting as a 0, while we average over rows
+  that exist only;  "bnpo" -> "token-mean" (tokens of the arrays passed in, like
+  TRL's local-batch token count);  "dapo" -> "token-mean" only when one call sees
+  the whole batch: TRL divides by the number of completion tokens of the whole
+  generation batch gathered across processes (divided by the process count),
+  which we do not do here;  "dr_grpo" -> "dr-grpo", but TRL divides by (all local
+  rows) × the configured `max_completion_length`, while we divide by (rows that
+  exist) × T, the static last axis of `per_token`.  TRL also divides its
+  "grpo", "bnpo" and "dr_grpo" losses by the gradient-accumulation step count;
+  that is the caller's business here.  "sequence-mean-token-sum" has no TRL counterpart.
+* KL: TRL adds β·(per-token k3 KL) to the per-token loss and aggregates the sum;
+  we aggregate the KL term with the same aggregation as the surrogate and add
+  β times it.  Every aggregation here is linear with mask-only coefficients, so
+  the two are equal.
 """
 
 import jax
@@ -55,13 +93,20 @@ def group_advantages(rewards, scale="group", eps=1e-8, mask=None):
     Args:
       rewards: `[B, G]` outcome rewards r_i, or `[B, G, T]` per-token rewards
         (statistics are then per (b, t) across the group axis 1).
-      scale: "group" (GRPO: population std of the group), "batch" (std of all
-        valid rewards in the batch; Lite-PPO) or "none" (Dr.GRPO: no division).
+      scale: "group" (GRPO: population std of the group), "batch" (population
+        std of all valid rewards in the batch; Lite-PPO) or "none" (Dr.GRPO: no
+        division).  Centring is always by the group mean.
       eps: added to the std.
       mask: optional `[B, G]` (or `[B, G, T]`) bool, members that exist (variable-size
         groups padded to a static G).  Statistics use valid members only.
     Returns: advantages, same shape as `rewards`; 0 for invalid members and for
       groups whose valid rewards are all equal (they carry no learning signal).
+
+    Differences from TRL's GRPOTrainer (its `scale_rewards` takes the same three
+    names): TRL divides by the sample std (ddof=1) plus 1e-4; we divide by the
+    population std (ddof=0) plus `eps` (default 1e-8).  With G valid members our
+    std is sqrt((G-1)/G) times TRL's.  Pass eps=1e-4 to match TRL's epsilon; the
+    ddof difference remains.
     """
     _check("advantage scale", scale, ADVANTAGE_SCALES)
     mask = jnp.ones(rewards.shape[:2], bool) if mask is None else jnp.asarray(mask, bool)
@@ -195,43 +240,73 @@ KL_CHOICES = (*EXACT_KL, *KL_ESTIMATORS)
 
 
 def entropy_from_logits(logits):
-    """Shannon entropy H(π) = -Σ_v π(v) log π(v) in nats, `[..., V] -> [...]`."""
-    logp = _log_probs(logits)
+    """Shannon entropy H(π) = -Σ_v π(v) log π(v) in nats, `[..., V] -> [...]`.
+
+    `logits` may be unnormalised logits or log-probs; -inf entries (tokens removed
+    by top-k/top-p filtering) have π(v) = 0 and add 0, so the result is the
+    entropy of the renormalised finite part.  A position whose entries are all
+    -inf has entropy 0.  Value and gradient are finite in every case.
+    """
+    logits = logits.astype(jnp.promote_types(logits.dtype, jnp.float32))
+    live = jnp.any(logits > -jnp.inf, axis=-1)
+    # an all -inf row would make log_softmax NaN; give it finite logits, then drop it
+    logp = jax.nn.log_softmax(jnp.where(live[..., None], logits, 0.0), axis=-1)
     p = jnp.exp(logp)
-    return -jnp.sum(p * jnp.where(p > 0, logp, 0.0), axis=-1)
+    # p · where(...) rather than where(p > 0, p · logp, 0): 0 · -inf would be NaN in the gradient
+    return jnp.where(live, -jnp.sum(p * jnp.where(p > 0, logp, 0.0), axis=-1), 0.0)
 
 
 def _masked_rows(per_token, mask):
-    # Rows are all leading axes; masked positions may hold garbage (NaN) and are zeroed.
+    """`[R, T]` values with masked positions zeroed, the float mask, and the number
+    of rows that exist (at least one unmasked token).  Rows are all leading axes;
+    masked positions may hold garbage (NaN, inf): `where` drops it in the value and
+    in the gradient."""
     mask = jnp.broadcast_to(mask, per_token.shape).reshape(-1, per_token.shape[-1]).astype(bool)
     x = jnp.where(mask, per_token.reshape(mask.shape), 0.0)
-    return x, mask.astype(x.dtype)
+    rows = jnp.sum(jnp.any(mask, axis=-1)).astype(x.dtype)
+    return x, mask.astype(x.dtype), rows
 
 
 def _seq_mean_token_mean(per_token, mask):
-    # An all-masked row has mean 0 and still counts as a row: the normaliser then
-    # depends only on the static batch shape, like GRPO's 1/G.
-    x, m = _masked_rows(per_token, mask)
-    return jnp.mean(_safe_div(jnp.sum(x, -1), jnp.sum(m, -1)))
+    """GRPO: (1/rows) Σ_rows (Σ_t m·x / Σ_t m), rows = rows that exist.
+
+    TRL's "grpo" takes the same per-row means but averages them over every row of
+    the batch, so an all-masked row there counts as a 0 and shrinks the loss."""
+    x, m, rows = _masked_rows(per_token, mask)
+    return _safe_div(jnp.sum(_safe_div(jnp.sum(x, -1), jnp.sum(m, -1))), rows)
 
 
 def _token_mean(per_token, mask):
-    x, m = _masked_rows(per_token, mask)
+    """DAPO / BNPO: Σ m·x / Σ m over every token of the arrays passed in.
+
+    This is TRL's "bnpo" (local-batch token count).  TRL's "dapo" divides instead by
+    the token count of the whole generation batch gathered across processes (per
+    process); the two agree when one call sees that whole batch."""
+    x, m, _ = _masked_rows(per_token, mask)
     return _safe_div(jnp.sum(x), jnp.sum(m))
 
 
 def _seq_mean_token_sum(per_token, mask):
-    x, _ = _masked_rows(per_token, mask)
-    return jnp.mean(jnp.sum(x, -1))
+    """(1/rows) Σ_rows Σ_t m·x, rows = rows that exist.  No TRL counterpart."""
+    x, _, rows = _masked_rows(per_token, mask)
+    return _safe_div(jnp.sum(x), rows)
 
 
 def _dr_grpo(per_token, mask):
-    # Constant normaliser (rows × T): no length bias towards short/long answers.
-    x, _ = _masked_rows(per_token, mask)
-    return jnp.sum(x) / x.size
+    """Dr.GRPO: Σ m·x / (rows · T), rows = rows that exist, T = per_token.shape[-1].
+
+    A normaliser that does not depend on the completion lengths: no length bias
+    towards short or long answers.  TRL's "dr_grpo" divides by (every row of the
+    local batch, all-masked ones included) × the configured max_completion_length,
+    which can exceed the padded width; here T is the static padded length and
+    all-masked rows are not counted."""
+    x, _, rows = _masked_rows(per_token, mask)
+    return _safe_div(jnp.sum(x), rows * per_token.shape[-1])
 
 
 # Reductions of `[..., T]` per-token values and masks to a scalar, fn(per_token, mask).
+# Each is linear in per_token with coefficients that depend on the mask only, so
+# jax.grad of one w.r.t. per_token gives its per-token weights (mask / normaliser).
 AGGREGATIONS = {
     "sequence-mean-token-mean": _seq_mean_token_mean,
     "token-mean": _token_mean,
@@ -241,15 +316,34 @@ AGGREGATIONS = {
 
 
 def aggregate(per_token, mask, mode):
-    """Reduce per-token values to a scalar loss.
+    """Reduce masked per-token values to a scalar loss.
+
+    Rows are all axes but the last; a row whose mask is all zero does not exist
+    (padding member, masked prompt) and counts in no normaliser.  With
+    rows = number of rows with at least one unmasked token and T = per_token.shape[-1]:
+
+      "sequence-mean-token-mean" (GRPO):   (1/rows) Σ_rows (Σ_t m·x / Σ_t m)
+      "token-mean" (DAPO / BNPO):          Σ m·x / Σ m
+      "sequence-mean-token-sum":           (1/rows) Σ_rows Σ_t m·x
+      "dr-grpo" (Dr.GRPO):                 Σ m·x / (rows · T)
+
+    Each is linear in `per_token` with mask-only coefficients, so
+    `jax.grad(aggregate)` w.r.t. `per_token` is the per-token weight m / normaliser,
+    and aggregating a sum of per-token terms (surrogate + β·KL) equals the sum of
+    their aggregates.
+
+    TRL's GRPOTrainer names these loss_type "grpo", "bnpo" / "dapo" and "dr_grpo";
+    it counts all-masked rows in the "grpo" and "dr_grpo" normalisers, divides
+    "dr_grpo" by its configured max_completion_length rather than the padded
+    width, and normalises "dapo" by the token count gathered across processes
+    (see the module docstring).
 
     Args:
-      per_token: `[B, T]` or `[B, G, T]` (all axes but the last are rows).
-      mask: same shape (or broadcastable), 1/True for real completion tokens.
-      mode: "sequence-mean-token-mean" (GRPO: 1/G Σ_i 1/|o_i| Σ_t), "token-mean"
-        (DAPO: 1/Σ|o_i| Σ_i Σ_t), "sequence-mean-token-sum" (mean over rows of
-        Σ_t) or "dr-grpo" (Σ_i Σ_t / (rows · T)).
-    Returns: scalar; all-masked rows contribute 0, an all-masked batch gives 0.
+      per_token: `[..., T]`, e.g. `[B, T]` or `[B, G, T]`.  Masked positions may
+        hold NaN/inf; they affect neither the value nor the gradient.
+      mask: same shape or broadcastable to it, 1/True for real completion tokens.
+      mode: one of `AGGREGATIONS`.
+    Returns: scalar; an all-masked batch gives exactly 0 (and a zero gradient).
     """
     _check("aggregation", mode, tuple(AGGREGATIONS))
     return AGGREGATIONS[mode](per_token, mask)

@@ -14,16 +14,10 @@ start at `offsets[k-1]`), so a whole batch of distributions is one gather.
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import NamedTuple
-
 import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import struct
-
-from grpo_jax.model import group_logits
-from grpo_jax.rollout import prefill
 
 MAX_ORDER = 5
 
@@ -206,49 +200,3 @@ def window_hits(lm: NgramLM, context: np.ndarray, target: np.ndarray) -> np.ndar
 def window_accuracy(lm: NgramLM, context: np.ndarray, target: np.ndarray) -> float:
     """The n-gram's figure on exactly the windows a policy's eval/next_char_accuracy uses."""
     return float(window_hits(lm, context, target).mean())
-
-
-# --- references as the train step sees them --------------------------------------------------
-
-KINDS = ("ngram", "policy", "none")
-
-
-class Reference(NamedTuple):
-    """A frozen reference π_ref as two pure functions of its state (a pytree argument).
-
-    logprobs(state, context [B, C], tokens [B, K, H]) -> [B, K, H, V]: log π_ref of every
-      char at every generated position (position t given context + tokens[..., :t]).
-    first_logprobs(state, context [B, C]) -> [B, V]: log π_ref at the decision point.
-    """
-
-    kind: str
-    logprobs: Callable
-    first_logprobs: Callable
-
-
-def make_reference(ref_cfg, corpus, model, initial_params):
-    """Returns (Reference or None, state). ``policy`` freezes ``initial_params`` (the policy
-    GRPO starts from, i.e. after init_from), so a resumed run rebuilds the same reference."""
-    if ref_cfg.kind not in KINDS:
-        raise ValueError(f"reference.kind={ref_cfg.kind!r} is unknown; choose from {KINDS}")
-    if ref_cfg.kind == "none":
-        return None, None
-    if ref_cfg.kind == "ngram":
-        lm = fit_ngram(corpus.train, corpus.vocab.size, ref_cfg.ngram_order, ref_cfg.smoothing)
-        return (
-            Reference(
-                "ngram",
-                rollout_ref_logprobs,
-                lambda lm_, context: ngram_logprobs(lm_, context)[:, -1],
-            ),
-            lm,
-        )
-
-    def logprobs(params, context, tokens):
-        return jax.nn.log_softmax(group_logits(model, params, context, tokens)[1], axis=-1)
-
-    def first_logprobs(params, context):
-        return jax.nn.log_softmax(prefill(model, params, context)[0], axis=-1)
-
-    frozen = jax.tree.map(jnp.copy, initial_params)
-    return Reference("policy", logprobs, first_logprobs), frozen

@@ -15,9 +15,12 @@ e.g. "match_partial:1.0,match:0.5". All rewards are pure and jittable.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 _DEFAULTS = {"partial_credit": 0.2, "partial_topk": 5}
 
@@ -118,11 +121,13 @@ REWARDS = {
 NEEDS_REFERENCE = frozenset({"match_partial", "ref_topk", "ref_logprob"})
 
 
-def parse_terms(spec: str) -> tuple[tuple[str, float], ...]:
+def parse_terms(spec: str, names=None) -> tuple[tuple[str, float], ...]:
     """ "match_partial:1.0,match:0.5" -> (("match_partial", 1.0), ("match", 0.5)).
 
-    A term without ":weight" has weight 1.0.
+    A term without ":weight" has weight 1.0; ``names`` are the task's terms (default: the
+    char-level terms of this module).
     """
+    names = tuple(sorted(REWARDS)) if names is None else tuple(names)
     fix = 'write reward.terms as "name:weight,name:weight"'
     parts = [p.strip() for p in str(spec).split(",")]
     if not any(parts):
@@ -132,9 +137,9 @@ def parse_terms(spec: str) -> tuple[tuple[str, float], ...]:
         name, sep, weight_str = (s.strip() for s in part.partition(":"))
         if not name or (sep and not weight_str) or ":" in weight_str:
             raise ValueError(f"malformed reward term {part!r} in {spec!r}: {fix}")
-        if name not in REWARDS:
+        if name not in names:
             raise ValueError(
-                f"unknown reward {name!r} in reward.terms; choose from {', '.join(sorted(REWARDS))}"
+                f"unknown reward {name!r} in reward.terms; choose from {', '.join(names)}"
             )
         try:
             weight = float(weight_str) if sep else 1.0
@@ -155,24 +160,100 @@ def needs_reference(reward_cfg) -> bool:
     return any(name in NEEDS_REFERENCE for name, _ in parse_terms(reward_cfg.terms))
 
 
-def make_reward_fn(reward_cfg):
-    """Returns fn(tokens [B,G,H], target [B,H], ref_logprobs or None) -> [B,G,H].
+# --- reward terms as the engine sees them -------------------------------------------------
 
-    The terms are parsed once here (so a bad spec fails at startup); the
-    returned function is pure and jittable (weights are Python constants).
+
+class RewardTerm(NamedTuple):
+    """One weighted reward term of a task.
+
+    ``host=False``: a jittable ``fn(reward_state, prompts, tokens [B, K, T], mask [B, K, T],
+    ref_logp [B, K, T, V] or [..., 0]) -> [B, K] (outcome) or [B, K, T] (per token)``.
+    ``host=True``: a plain Python ``fn(prompts: list[str], completions: list[str],
+    **task_fields) -> list[float | None]`` on decoded text, one value per completion (B*K,
+    prompt-major), as researchers write them; None means "not scored by this term".
     """
-    terms = parse_terms(reward_cfg.terms)
 
-    def reward_fn(tokens, target, ref_logprobs=None):
-        total = None
-        for name, weight in terms:
-            r = weight * REWARDS[name](tokens, target, ref_logprobs, reward_cfg)
-            total = r if total is None else total + r
-        return total.astype(jnp.float32)
-
-    return reward_fn
+    name: str
+    weight: float
+    fn: Callable
+    host: bool = False
 
 
-def reduce_rewards(rewards: jax.Array, per_token: bool) -> jax.Array:
-    """[B, G, H] per-token rewards -> unchanged if per_token, else mean over H [B, G]."""
-    return rewards if per_token else jnp.mean(rewards, axis=-1)
+def _spread(values, mask):
+    """An outcome [B, K] over the completion's tokens; per-token values are masked."""
+    if values.ndim == mask.ndim - 1:
+        values = values[..., None]
+    return jnp.asarray(values, jnp.float32) * mask
+
+
+def device_values(terms, reward_state, part):
+    """[n_terms, B, K, T] per-token values of the jittable terms on one group part (returns
+    are taken by groups.score, after the terms are combined)."""
+    mask = part.token_mask
+    out = [
+        _spread(t.fn(reward_state, part.prompts, part.tokens, mask, part.ref_logp), mask)
+        for t in terms
+    ]
+    if not out:
+        return jnp.zeros((0,) + mask.shape, jnp.float32)
+    return jnp.stack(out)
+
+
+def host_values(terms, shape, prompts, completions, fields):
+    """Python terms on one part's decoded text: (values, valid) float32 [n_terms, B, K].
+
+    A term that raises, returns a non-list or the wrong number of values stops the run with
+    one line naming it."""
+    n = int(np.prod(shape))
+    values = np.zeros((len(terms), n), np.float32)
+    valid = np.zeros((len(terms), n), np.float32)
+    for j, term in enumerate(terms):
+        try:
+            out = term.fn(prompts=list(prompts), completions=list(completions), **fields)
+        except Exception as err:  # the user's code: name it, keep the message to one line
+            msg = " ".join(f"{type(err).__name__}: {err}".split())
+            raise ValueError(f"reward term {term.name!r} raised {msg}") from None
+        if not isinstance(out, list | tuple) or len(out) != n:
+            got = len(out) if isinstance(out, list | tuple) else type(out).__name__
+            raise ValueError(
+                f"reward term {term.name!r} returned {got} values for {n} completions; "
+                "return one float (or None) per completion"
+            )
+        for i, x in enumerate(out):
+            if x is not None:
+                values[j, i], valid[j, i] = float(x), 1.0
+    return values.reshape(len(terms), *shape), valid.reshape(len(terms), *shape)
+
+
+def combine(device_terms, dev, host_terms, host, mask):
+    """The weighted total per token and each term's values, plus which members any term
+    scored. Returns ({"total": [B, K, T], name: [B, K, T], f"{name}/valid": [B, K]},
+    valid [B, K]). A term's None counts as 0 in the total (as TRL sums with nansum); a
+    member no term scored is invalid and the engine gives it advantage 0."""
+    ones = jnp.ones(mask.shape[:2], jnp.float32)
+    out, total, any_valid = {}, jnp.zeros(mask.shape, jnp.float32), ones * 0.0
+    for j, term in enumerate(device_terms):
+        out[term.name], out[f"{term.name}/valid"] = dev[j], ones
+        total = total + term.weight * dev[j]
+        any_valid = ones
+    for j, term in enumerate(host_terms):
+        v, ok = jnp.asarray(host[0][j]), jnp.asarray(host[1][j])
+        out[term.name] = _spread(v * ok, mask)
+        out[f"{term.name}/valid"] = ok
+        total = total + term.weight * out[term.name]
+        any_valid = jnp.maximum(any_valid, ok)
+    out["total"] = total
+    return out, any_valid
+
+
+def char_terms(reward_cfg, target_field: str = "target"):
+    """The char-level terms of ``reward.terms`` as RewardTerm s reading the prompts' target."""
+
+    def term(name):
+        def fn(reward_state, prompts, tokens, mask, ref_logp):
+            ref = ref_logp if ref_logp.shape[-1] else None
+            return REWARDS[name](tokens, prompts.fields[target_field], ref, reward_cfg)
+
+        return fn
+
+    return tuple(RewardTerm(name, w, term(name)) for name, w in parse_terms(reward_cfg.terms))

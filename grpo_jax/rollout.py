@@ -16,32 +16,14 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
-from grpo_jax.model import KV, Transformer, empty_cache
-
-
-class Rollout(NamedTuple):
-    """One batch of groups. B prompts, K members, H generated tokens, V vocabulary."""
-
-    tokens: jax.Array  # [B, K, H] int32; tokens[..., 0] is the first (decision-point) action
-    logp: jax.Array  # [B, K, H] log π_old(token) under the tempered policy
-    entropy: jax.Array  # [B, K, H] entropy (nats) of the tempered policy at each step
-    first_logits: jax.Array  # [B, V] raw policy logits at the decision point
+from grpo_jax.model import Prefix, Transformer, empty_cache
+from grpo_jax.objective import entropy_from_logits
 
 
 class SamplingParams(NamedTuple):
     temperature: float = 1.0
     top_k: int = 0  # 0 = off
     top_p: float = 1.0  # 1.0 = off
-
-
-def sampling_params(group_cfg) -> SamplingParams:
-    if group_cfg.temperature <= 0:
-        raise ValueError(f"group.temperature={group_cfg.temperature} must be > 0")
-    if not 0.0 < group_cfg.top_p <= 1.0:
-        raise ValueError(f"group.top_p={group_cfg.top_p} must be in (0, 1]")
-    return SamplingParams(
-        float(group_cfg.temperature), int(group_cfg.top_k), float(group_cfg.top_p)
-    )
 
 
 def tempered_logp(logits, sp: SamplingParams):
@@ -76,40 +58,49 @@ def sample_from_logits(logits, u, sp: SamplingParams):
     token = jnp.sum(cdf <= (u * cdf[..., -1])[..., None], axis=-1)
     token = jnp.minimum(token, logits.shape[-1] - 1).astype(jnp.int32)
     tok_logp = jnp.take_along_axis(logp, token[..., None], axis=-1)[..., 0]
-    return token, tok_logp, entropy_of_logp(logp)
+    return token, tok_logp, entropy_from_logits(logp)
 
 
-def entropy_of_logp(logp):
-    return -jnp.sum(jnp.where(logp > -jnp.inf, jnp.exp(logp) * logp, 0.0), axis=-1)
+class Stop(NamedTuple):
+    """How completions end: at ``eos_id`` (None: never, a fixed horizon), after which every
+    slot holds ``pad_id`` and is masked out of the completion."""
+
+    eos_id: int | None = None
+    pad_id: int = 0
 
 
-def continue_members(model: Transformer, params, prefix: KV, first_tokens, u, context_len, sp):
-    """Decode ``horizon - 1`` tokens after each member's first token.
+def decode_members(model: Transformer, params, prefix: Prefix, first_tokens, u, sp, stop=None):
+    """Decode ``H - 1`` tokens after each member's first token.
 
     first_tokens [B, K] int32; u [B, K, H] uniforms (u[..., 0] unused here).
-    Returns (tokens [B, K, H], logp [B, K, H-1], entropy [B, K, H-1]) for positions 1..H-1.
+    Returns (tokens [B, K, H], logp [B, K, H-1], entropy [B, K, H-1], mask [B, K, H]): the
+    mask is 1 up to and including a member's EOS. A finished member keeps decoding pads (static
+    shapes); its slots are masked, so nothing it computes reaches a loss or a metric.
     """
     b, k, h = u.shape
     cache = empty_cache(model, b, k, max(h - 1, 1))
+    eos = stop.eos_id if stop is not None else None
+    done0 = first_tokens == eos if eos is not None else jnp.zeros((b, k), bool)
 
     def step(carry, t):
-        cache, tok = carry
+        cache, tok, done = carry
         logits, cache = model.apply(
-            {"params": params},
-            prefix,
-            cache,
-            tok,
-            t,
-            context_len,
-            method=Transformer.decode,
+            {"params": params}, prefix, cache, tok, t, method=Transformer.decode
         )
         nxt, lp, ent = sample_from_logits(logits, u[:, :, t + 1], sp)
-        return (cache, nxt), (nxt, lp, ent)
+        alive = ~done
+        if eos is not None:
+            nxt = jnp.where(alive, nxt, stop.pad_id)
+            done = done | (nxt == eos)
+        return (cache, nxt, done), (nxt, lp, ent, alive)
 
-    _, (toks, lps, ents) = jax.lax.scan(step, (cache, first_tokens), jnp.arange(h - 1))
+    _, (toks, lps, ents, alive) = jax.lax.scan(
+        step, (cache, first_tokens, done0), jnp.arange(h - 1)
+    )
     move = lambda x: jnp.moveaxis(x, 0, -1)
     tokens = jnp.concatenate([first_tokens[..., None], move(toks)], axis=-1)
-    return tokens, move(lps), move(ents)
+    mask = jnp.concatenate([jnp.ones((b, k, 1), bool), move(alive)], axis=-1)
+    return tokens, move(lps), move(ents), mask.astype(jnp.float32)
 
 
 def chunked(fn, chunk: int, *member_args):
@@ -133,66 +124,3 @@ def chunked(fn, chunk: int, *member_args):
         return y.reshape(y.shape[0], n * chunk, *y.shape[3:])[:, :k]
 
     return jax.tree.map(merge, outs)
-
-
-def prefill(model, params, context):
-    """context [B, C] -> (first_logits [B, V], prefix KV): the prompt's one forward."""
-    logits, prefix = model.apply({"params": params}, context, method=Transformer.prefill)
-    return logits[:, -1], prefix
-
-
-def rollout_from_prefix(
-    model,
-    params,
-    first_logits,
-    prefix,
-    context_len,
-    first_tokens,
-    u,
-    sp,
-    vocab_chunk=0,
-    member_map=None,
-):
-    """Roll out a group per prompt from its prefilled prompt.
-
-    first_tokens [B, K]: forced first actions, or None to sample K = u.shape[1] first actions
-    from the policy; u [B, K, H] uniforms. ``member_map(fn, first, u)`` (optional) wraps the
-    member computation, e.g. to shard the K axis over devices (see sharding.py).
-    """
-    if first_tokens is None:
-        bk = u.shape[:2]
-        first_tokens, lp0, ent0 = sample_from_logits(
-            jnp.broadcast_to(first_logits[:, None], (*bk, first_logits.shape[-1])),
-            u[..., 0],
-            sp,
-        )
-    else:
-        logp0 = tempered_logp(first_logits, sp)
-        lp0 = jnp.take_along_axis(logp0, first_tokens, axis=1)
-        ent0 = jnp.broadcast_to(entropy_of_logp(logp0)[:, None], first_tokens.shape)
-
-    def run(first, uu):
-        fn = lambda f, v: continue_members(model, params, prefix, f, v, context_len, sp)
-        return chunked(fn, vocab_chunk, first, uu)
-
-    tokens, lps, ents = (member_map or (lambda f, *a: f(*a)))(run, first_tokens, u)
-    logp = jnp.concatenate([lp0[..., None], lps], axis=-1)
-    entropy = jnp.concatenate([ent0[..., None], ents], axis=-1)
-    return Rollout(tokens, logp, entropy, first_logits)
-
-
-def rollout(model, params, context, first_tokens, u, sp, vocab_chunk=0, member_map=None):
-    """Prefill + rollout_from_prefix: context [B, C] -> Rollout."""
-    first_logits, prefix = prefill(model, params, context)
-    return rollout_from_prefix(
-        model,
-        params,
-        first_logits,
-        prefix,
-        context.shape[1],
-        first_tokens,
-        u,
-        sp,
-        vocab_chunk,
-        member_map,
-    )

@@ -1,12 +1,12 @@
 """Devices: the mesh, the shardings of the state and the batch, and the member shard_map.
 
 This is the only module that names devices. Everything else is written for one device and
-runs unchanged on a mesh ``("data", "vocab")`` built from ``config.mesh``:
+runs unchanged on a mesh ``("data", "member")`` built from ``config.mesh``:
 
 * ``data``: the prompts of a step (``train.batch_size``, global) are split over it. The step
   samples its windows on device from the replicated corpus and constrains them to
   ``P("data")``, so each device (and each host) only gathers and rolls out its own prompts.
-* ``vocab``: the members of every group (the K axis of ``first_tokens [B, K]`` and of the
+* ``member``: the members of every group (the K axis of ``first_tokens [B, K]`` and of the
   uniforms ``u [B, K, H]``: all V forced first actions, a guide's candidates, or G sampled
   members) are split over it by ``jax.shard_map`` around the rollout, the expensive part.
   K is padded to a multiple of the axis size with dummy members whose outputs are dropped
@@ -18,7 +18,7 @@ Everything outside the rollout's shard_map (prefill, rewards, the group statisti
 such as advantages, the all-action baseline, the exact KL and entropy at the decision point,
 the loss, the gradients and the optimizer update) stays one ``jit`` program with sharding
 annotations, partitioned by XLA (GSPMD/Shardy). It inserts the cross-device reductions
-(the all-reduce of the gradients over ``data``, the reductions over K across ``vocab``)
+(the all-reduce of the gradients over ``data``, the reductions over K across ``member``)
 itself, so the same program computes the same numbers on every mesh, up to float summation
 order (the tests check 1e-5). No hand-written psum/pmean is needed, and none is used.
 
@@ -40,7 +40,7 @@ from absl import logging
 from jax.sharding import AxisType, Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-AXES = ("data", "vocab")
+AXES = ("data", "member")
 
 
 def _axis_size(value, name: str) -> int:
@@ -51,32 +51,32 @@ def _axis_size(value, name: str) -> int:
 
 
 def mesh_shape(mesh_cfg, num_devices: int) -> tuple[int, int]:
-    """(data, vocab) sizes from ``config.mesh`` for ``num_devices``; -1 = all remaining."""
+    """(data, member) sizes from ``config.mesh`` for ``num_devices``; -1 = all remaining."""
     data = _axis_size(mesh_cfg.get("data", -1) if mesh_cfg is not None else -1, "data")
-    vocab = _axis_size(mesh_cfg.get("vocab", 1) if mesh_cfg is not None else 1, "vocab")
-    if data == -1 and vocab == -1:
-        raise ValueError("mesh.data and mesh.vocab cannot both be -1; set one of them")
-    fixed = data if vocab == -1 else vocab
-    if vocab == -1 or data == -1:
+    member = _axis_size(mesh_cfg.get("member", 1) if mesh_cfg is not None else 1, "member")
+    if data == -1 and member == -1:
+        raise ValueError("mesh.data and mesh.member cannot both be -1; set one of them")
+    fixed = data if member == -1 else member
+    if member == -1 or data == -1:
         if num_devices % fixed:
             raise ValueError(
-                f"mesh.data={data} x mesh.vocab={vocab} does not divide the {num_devices} "
+                f"mesh.data={data} x mesh.member={member} does not divide the {num_devices} "
                 "devices; choose axis sizes whose product divides the device count"
             )
         rest = num_devices // fixed
-        data, vocab = (rest, vocab) if data == -1 else (data, rest)
-    if num_devices % (data * vocab):
+        data, member = (rest, member) if data == -1 else (data, rest)
+    if num_devices % (data * member):
         raise ValueError(
-            f"mesh.data={data} x mesh.vocab={vocab} = {data * vocab} does not divide the "
+            f"mesh.data={data} x mesh.member={member} = {data * member} does not divide the "
             f"{num_devices} devices; choose axis sizes whose product divides the device count"
         )
-    return data, vocab
+    return data, member
 
 
 def make_mesh(mesh_cfg=None, devices=None) -> Mesh:
-    """A ("data", "vocab") mesh sized by ``config.mesh`` (default: every device on data).
+    """A ("data", "member") mesh sized by ``config.mesh`` (default: every device on data).
 
-    When the product of the sizes is smaller than the device count (e.g. data=1, vocab=1 on
+    When the product of the sizes is smaller than the device count (e.g. data=1, member=1 on
     8 devices), the mesh uses the first devices only; that is refused on several hosts,
     where every process must own part of the mesh."""
     if not jax.config.jax_threefry_partitionable:
@@ -85,29 +85,29 @@ def make_mesh(mesh_cfg=None, devices=None) -> Mesh:
             "enable it (jax.config.update('jax_threefry_partitionable', True))"
         )
     devices = list(jax.devices() if devices is None else devices)
-    data, vocab = mesh_shape(mesh_cfg, len(devices))
-    n = data * vocab
+    data, member = mesh_shape(mesh_cfg, len(devices))
+    n = data * member
     if n < len(devices):
         if jax.process_count() > 1:
             raise ValueError(
-                f"mesh.data={data} x mesh.vocab={vocab} = {n} uses fewer than the "
+                f"mesh.data={data} x mesh.member={member} = {n} uses fewer than the "
                 f"{len(devices)} devices of a {jax.process_count()}-process run; use them all"
             )
         logging.warning(
-            "mesh (data=%d, vocab=%d) uses %d of %d devices", data, vocab, n, len(devices)
+            "mesh (data=%d, member=%d) uses %d of %d devices", data, member, n, len(devices)
         )
         devices = devices[:n]
     try:  # topology-aware order on TPU/GPU; plain order elsewhere
         from jax.experimental import mesh_utils
 
-        grid = mesh_utils.create_device_mesh((data, vocab), devices=devices)
+        grid = mesh_utils.create_device_mesh((data, member), devices=devices)
     except Exception:
-        grid = np.asarray(devices, dtype=object).reshape(data, vocab)
+        grid = np.asarray(devices, dtype=object).reshape(data, member)
     return Mesh(grid, AXES, axis_types=(AxisType.Auto, AxisType.Auto))
 
 
 def describe(mesh: Mesh) -> str:
-    return f"mesh(data={mesh.shape['data']}, vocab={mesh.shape['vocab']})"
+    return f"mesh(data={mesh.shape['data']}, member={mesh.shape['member']})"
 
 
 def check_batch(batch_size: int, mesh: Mesh, what: str = "train.batch_size") -> None:
@@ -125,11 +125,11 @@ def check_group_mode(group_mode: str, mesh: Mesh) -> None:
 
     Adaptive groups gather a data-sharded sub-batch of prompts for their exhaustive part;
     on a mesh with both axes > 1 that run diverges from a single device after a few steps
-    (tests/_sharding_check.py equivalence adaptive). Data-only and vocab-only meshes match."""
-    if group_mode == "adaptive" and mesh.shape["data"] > 1 and mesh.shape["vocab"] > 1:
+    (tests/_sharding_check.py equivalence adaptive). Data-only and member-only meshes match."""
+    if group_mode == "adaptive" and mesh.shape["data"] > 1 and mesh.shape["member"] > 1:
         raise ValueError(
             f"group.mode=adaptive is not supported on {describe(mesh)} yet (results would "
-            "depend on the mesh); use --config.mesh.vocab=1 or --config.mesh.data=1"
+            "depend on the mesh); use --config.mesh.member=1 or --config.mesh.data=1"
         )
 
 
@@ -186,13 +186,13 @@ def put(tree: Any, shardings: Any) -> Any:
 def make_member_map(mesh: Mesh):
     """``member_map(fn, first_tokens [B, K], u [B, K, H])`` for rollout.rollout_from_prefix:
     runs ``fn`` on each device's slice of the K members with ``jax.shard_map`` over
-    ``vocab`` (``data`` stays automatic, so the prompts remain split as the caller has them).
+    ``member`` (``data`` stays automatic, so the prompts remain split as the caller has them).
 
     ``fn`` closes over the params and the prompt's prefix cache; inside the shard_map they
-    are whole along ``vocab`` (every member of a prompt needs the same prefix), which is
+    are whole along ``member`` (every member of a prompt needs the same prefix), which is
     what a closed-over value is. K is padded to a multiple of the axis size with member 0's
     token and zero uniforms; the padded members' outputs are sliced off before returning."""
-    nv = mesh.shape["vocab"]
+    nv = mesh.shape["member"]
 
     def member_map(fn, first_tokens, u):
         k = first_tokens.shape[1]
@@ -203,9 +203,9 @@ def make_member_map(mesh: Mesh):
         out = jax.shard_map(
             fn,
             mesh=mesh,
-            in_specs=(P(None, "vocab"), P(None, "vocab", None)),
-            out_specs=P(None, "vocab"),
-            axis_names=frozenset({"vocab"}),
+            in_specs=(P(None, "member"), P(None, "member", None)),
+            out_specs=P(None, "member"),
+            axis_names=frozenset({"member"}),
             # the rollout's scan starts from a zeroed (device-invariant) cache and ends with
             # a per-device one; vma typing would demand pcasts inside rollout.py. The outputs
             # are per-member, exactly what out_specs says, so the check adds nothing here.
@@ -234,35 +234,48 @@ def step_hooks(mesh: Mesh | None) -> StepHooks:
     return StepHooks(make_member_map(mesh), shard_batch)
 
 
-def jit_step(step_fn, mesh: Mesh, state, inputs, shard_params: bool = False, wrap=None):
+def jit_step(step, mesh: Mesh, state, inputs, shard_params: bool = False, wrap=None):
     """Places ``state`` (replicated or FSDP) and ``inputs`` (replicated) on ``mesh`` and jits
-    ``step_fn(state, inputs) -> (state, metrics)`` with those in/out shardings, the state
-    donated and the metrics replicated. Returns (jitted step, state, inputs, state shardings).
+    the step with those shardings, the state donated and the metrics replicated. Returns
+    (run(state, inputs) -> (state, metrics), state, inputs, state shardings).
 
-    ``wrap`` (e.g. the trainer's trace_once) wraps ``step_fn`` before jit."""
+    ``step`` is a plain ``step(state, inputs)`` function (supervised modes) or an
+    engine.Step: one fused program when every reward is jittable; with Python rewards a
+    jitted rollout, the host rewards and a jitted update. ``wrap`` (e.g. the trainer's
+    trace_once) wraps each jitted function."""
+    wrap = wrap or (lambda f: f)
     state_sh = state_shardings(mesh, state, shard_params)
     rep = replicated(mesh)
     inputs_sh = jax.tree.map(lambda _: rep, inputs)
     state = put(state, state_sh)
     inputs = put(inputs, inputs_sh)
-    jstep = jax.jit(
-        wrap(step_fn) if wrap else step_fn,
-        in_shardings=(state_sh, inputs_sh),
-        out_shardings=(state_sh, rep),
-        donate_argnums=0,
-    )
-    return jstep, state, inputs, state_sh
+    out_sh = (state_sh, rep)
+    host = getattr(step, "host", None)
+    if host is None:
+        fused = getattr(step, "fused", step)
+        run = jax.jit(
+            wrap(fused), in_shardings=(state_sh, inputs_sh), out_shardings=out_sh, donate_argnums=0
+        )
+        return run, state, inputs, state_sh
+    rollout = jax.jit(wrap(step.rollout), in_shardings=(state_sh, inputs_sh))
+    update = jax.jit(wrap(step.update), out_shardings=out_sh, donate_argnums=0)
+
+    def run(state, inputs):
+        batch = rollout(state, inputs)
+        return update(state, inputs, batch, host(batch))
+
+    return run, state, inputs, state_sh
 
 
 def per_device_work(config, mesh: Mesh, members_per_prompt: float) -> dict:
     """Prompts and group members each device rolls out per step (for benchmarks/logs)."""
-    d, v = mesh.shape["data"], mesh.shape["vocab"]
+    d, v = mesh.shape["data"], mesh.shape["member"]
     b = config.train.batch_size
     members = members_per_prompt
     padded = math.ceil(members / v) * v if float(members).is_integer() else members
     return {
         "mesh_data": d,
-        "mesh_vocab": v,
+        "mesh_member": v,
         "global_batch": b,
         "prompts_per_device": b / d,
         "members_per_prompt": members,

@@ -13,15 +13,13 @@ import math
 import time
 
 import jax
-import numpy as np
 from absl import logging
 
 from grpo_jax import checkpoint as ckpt_lib
-from grpo_jax import diagnostics, plots, sharding
+from grpo_jax import diagnostics, sharding
 from grpo_jax.metric_writers import MetricWriter, ProgressBar
-from grpo_jax.task import build_task
-
-KEY_FIGURES = ("loss", "reward_mean", "kl", "eval/next_char_accuracy")
+from grpo_jax.specs import TrainSpec
+from grpo_jax.tasks import build_task
 
 
 class _QuietOrbax:
@@ -72,16 +70,35 @@ def initial_params(config, task):
     return params
 
 
+def warm_up(config, workdir):
+    """``pretrain.before_train``: the task's supervised warm-up runs first in
+    ``workdir/pretrain`` (resumable like any run; a finished one is only reloaded) and GRPO
+    starts from it. Returns the config GRPO runs with."""
+    if not config.get("pretrain", {}).get("before_train", False) or config.init_from:
+        return config
+    target = ckpt_lib.ensure_workdir(workdir) / "pretrain"
+    done = ckpt_lib.latest_step_of(target / "checkpoints")
+    if done is None or done < int(config.pretrain.num_steps):
+        logging.info("warm-up: supervised pretraining in %s", target)
+        train_and_evaluate(config, str(target), "pretrain")
+    config = config.copy_and_resolve_references()
+    config.init_from = str(target)
+    return config
+
+
 def train_and_evaluate(config, workdir: str, mode: str = "train"):
-    """Runs GRPO (mode=train) or supervised pretraining (mode=pretrain) in ``workdir``.
+    """Runs GRPO (mode=train) or a supervised mode (pretrain, train_judge) in ``workdir``.
 
     Returns the final TrainState and the last logged metrics."""
     quiet_orbax()
-    task = build_task(config, mode)
+    task = build_task(config, mode)  # every setting is checked before the workdir is touched
+    if mode == "train" and config.get("pretrain", {}).get("before_train", False):
+        config = warm_up(config, workdir)
+    tc = TrainSpec.from_config(config.train)
     params0 = initial_params(config, task)
     mesh = sharding.make_mesh(config.get("mesh"))  # once per run; see sharding.py
     if mode == "train":
-        sharding.check_batch(config.train.batch_size, mesh)
+        sharding.check_batch(tc.batch_size, mesh)
         if "mode" in config.get("group", {}):
             sharding.check_group_mode(config.group.mode, mesh)
     step_fn, inputs = task.build(params0, mesh=mesh)
@@ -95,7 +112,7 @@ def train_and_evaluate(config, workdir: str, mode: str = "train"):
         wrap=trace_once,
     )
     workdir = ckpt_lib.ensure_workdir(workdir)  # after the config checks: bad input makes no dir
-    ckpt = ckpt_lib.Checkpointer(workdir / "checkpoints", keep=config.train.keep_checkpoints)
+    ckpt = ckpt_lib.Checkpointer(workdir / "checkpoints", keep=tc.keep_checkpoints)
     if ckpt.latest_step() is not None:
         try:
             state = ckpt.restore(state)  # onto the template's shardings: this run's mesh
@@ -105,7 +122,6 @@ def train_and_evaluate(config, workdir: str, mode: str = "train"):
         logging.info("resumed from %s at step %d", ckpt.directory, int(state.step))
     logging.info("%s over %d devices", sharding.describe(mesh), mesh.size)
     ckpt_lib.save_config(workdir, config)
-
     writer = MetricWriter(
         workdir,
         tensorboard=config.logging.tensorboard,
@@ -113,12 +129,23 @@ def train_and_evaluate(config, workdir: str, mode: str = "train"):
         wandb_project=config.logging.wandb_project,
         config=config,
     )
+    try:
+        return _loop(config, task, tc, jstep, state, inputs, workdir, ckpt, writer)
+    finally:
+        ckpt.close()
+        writer.close()
+
+
+def _loop(config, task, tc, jstep, state, inputs, workdir, ckpt, writer):
+    """The host loop: one scalar read per step, metrics at log steps, the cadences."""
     monitor = diagnostics.Monitor(config.diagnostics)
-    tc = config.train
     start = int(state.step)
     bar = ProgressBar(task.num_steps, start, config.logging.progress)
-    char_acc, char_n = None, 0
-    last, t_last, steps_since = {}, time.perf_counter(), 0
+    main_process = jax.process_index() == 0
+    last = {}
+    if start == 0 and config.train.get("eval_at_start", False):
+        last.update(_evaluate(task, state.params, 0, writer, monitor))
+    t_last, steps_since = time.perf_counter(), 0
     try:
         for step in range(start, task.num_steps):
             state, metrics = jstep(state, inputs)
@@ -129,11 +156,9 @@ def train_and_evaluate(config, workdir: str, mode: str = "train"):
                     f"non-finite loss ({loss}) at step {step}: stopping; the last good "
                     f"checkpoint (step {ckpt.latest_step()}) is kept; lower optim.learning_rate"
                 )
-            if "char/reward" in metrics:
-                cm = np.stack([metrics["char/reward"], metrics["char/best"]])
-                char_acc = cm if char_acc is None else char_acc + cm
-                char_n += 1
             done = step + 1
+            if task.hooks.on_step is not None and main_process:
+                task.hooks.on_step(workdir, done, metrics)
             if done % tc.log_every == 0 or done == task.num_steps:
                 jax.block_until_ready(state.params)
                 dt = time.perf_counter() - t_last
@@ -145,45 +170,28 @@ def train_and_evaluate(config, workdir: str, mode: str = "train"):
                 for warning in monitor.update(done, host):
                     logging.warning(warning)
                 t_last, steps_since = time.perf_counter(), 0
-            every = config.logging.char_stats_every
-            if char_acc is not None and every and (done % every == 0 or done == task.num_steps):
-                _write_char_stats(workdir, done, char_acc / char_n, task.vocab)
-                char_acc, char_n = None, 0
             if done % tc.eval_every == 0 or done == task.num_steps:
-                scalars, texts = task.evaluate(state.params)
-                writer.write_scalars(done, scalars)
-                writer.write_text(done, "samples", texts["samples"])
-                last.update(scalars)
-                for warning in monitor.update(done, scalars):
-                    logging.warning(warning)
-                logging.info(
-                    "step %d eval: %s best_char=%r",
-                    done,
-                    json.dumps({k: round(v, 4) for k, v in scalars.items()}),
-                    texts["best_char"],
-                )
+                last.update(_evaluate(task, state.params, done, writer, monitor))
                 t_last = time.perf_counter()  # keep eval time out of tokens_per_s
             if done % tc.checkpoint_every == 0 or done == task.num_steps:
                 ckpt.save(done, state, force=True)
-            bar.update(done, **{k: last[k] for k in KEY_FIGURES if k in last})
+            bar.update(done, **{k: last[k] for k in task.log_keys if k in last})
     finally:
         bar.close()
-        ckpt.close()
-        writer.close()
-    if (workdir / "char_stats.jsonl").exists():
-        plots.char_heatmap(workdir / "char_stats.jsonl", workdir / "char_heatmap.png")
+    if task.hooks.on_end is not None and main_process:
+        task.hooks.on_end(workdir)
     return state, last
 
 
-def _write_char_stats(workdir, step, stats, vocab):
-    row = {
-        "step": step,
-        "chars": vocab.chars,
-        "reward": [round(float(x), 5) for x in stats[0]],
-        "best": [round(float(x), 5) for x in stats[1]],
-    }
-    with open(workdir / "char_stats.jsonl", "a") as f:
-        f.write(json.dumps(row) + "\n")
+def _evaluate(task, params, step, writer, monitor):
+    scalars, texts = task.evaluate(params)
+    writer.write_scalars(step, scalars)
+    writer.write_text(step, "samples", texts["samples"])
+    for warning in monitor.update(step, scalars):
+        logging.warning(warning)
+    summary = json.dumps({k: round(v, 4) for k, v in scalars.items()})
+    logging.info("step %d eval: %s %s", step, summary, texts.get("summary", ""))
+    return scalars
 
 
 def restore_params(config, workdir: str, task=None):

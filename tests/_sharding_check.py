@@ -18,11 +18,11 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from grpo_jax import sharding, trainer
-from grpo_jax import task as task_lib
+from grpo_jax import tasks as task_lib
 from grpo_jax.config_blocks import load_config
 
 ROOT = Path(__file__).resolve().parents[1]
-# (data, vocab, shard_params); None = the plain single-device path (no mesh at all)
+# (data, member, shard_params); None = the plain single-device path (no mesh at all)
 MESHES = (None, (8, 1, False), (2, 4, False), (1, 8, False))
 
 
@@ -34,7 +34,7 @@ def tiny_config(mode: str, **overrides):
 def _mesh_cfg(data, vocab):
     from ml_collections import config_dict
 
-    return config_dict.ConfigDict({"data": data, "vocab": vocab, "shard_params": False})
+    return config_dict.ConfigDict({"data": data, "member": vocab, "shard_params": False})
 
 
 def run_mesh(config, task, params0, spec, steps):
@@ -52,7 +52,7 @@ def run_mesh(config, task, params0, spec, steps):
     if spec is None:
         step_fn, inputs = task.build(host_params)
         state = task.make_state(jax.tree.map(jax.numpy.asarray, host_params))
-        jstep = jax.jit(count(step_fn), donate_argnums=0)
+        jstep = jax.jit(count(step_fn.fused), donate_argnums=0)
     else:
         data, vocab, fsdp = spec
         mesh = sharding.make_mesh(_mesh_cfg(data, vocab))
@@ -136,7 +136,7 @@ def resume(source: str, tmp: str, mode: str = "exhaustive"):
         shutil.copytree(Path(source) / "checkpoints" / "2", wd / "checkpoints" / "2")
         c = tiny_config(mode, **{"train.num_steps": 4, "train.checkpoint_every": 2})
         c.train.eval_every = 100
-        c.mesh.data, c.mesh.vocab, c.mesh.shard_params = d, v, fsdp
+        c.mesh.data, c.mesh.member, c.mesh.shard_params = d, v, fsdp
         state, _ = trainer.train_and_evaluate(c, str(wd))
         leaf = state.params["embed"]["embedding"]
         out[name] = {

@@ -3,6 +3,7 @@
 import os
 from pathlib import Path
 
+import jax
 import pytest
 
 
@@ -19,3 +20,28 @@ def shakespeare_path() -> Path:
         if path.is_file():
             return path
     pytest.skip("tiny Shakespeare not found: put it in shared/data or set GRPO_JAX_DATA")
+
+
+@pytest.fixture(scope="module")
+def fast_compiles(tmp_path_factory):
+    """Cheap XLA compiles + a session-wide persistent cache (shared with the CLI tests' runs);
+    restored afterwards. Modules opt in with ``pytestmark = usefixtures("fast_compiles")``."""
+    from jax._src import compilation_cache
+
+    names = (
+        "jax_disable_most_optimizations",
+        "jax_compilation_cache_dir",
+        "jax_persistent_cache_min_compile_time_secs",
+        "jax_persistent_cache_min_entry_size_bytes",
+    )
+    saved = {name: jax.config.values[name] for name in names}
+    cache_dir = tmp_path_factory.getbasetemp() / "jax_compilation_cache"
+    jax.config.update("jax_disable_most_optimizations", True)
+    jax.config.update("jax_compilation_cache_dir", str(cache_dir))
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
+    jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
+    compilation_cache.reset_cache()
+    yield
+    for name, value in saved.items():
+        jax.config.update(name, value)
+    compilation_cache.reset_cache()

@@ -9,16 +9,17 @@ import numpy as np
 import pytest
 
 from grpo_jax import checkpoint as ckpt_lib
-from grpo_jax import fill_in, sharding, trainer
+from grpo_jax import data as data_lib
 from grpo_jax import judge as judge_lib
+from grpo_jax import sharding, trainer
 from grpo_jax.encoder import Encoder
+from grpo_jax.engine import STEP_METRICS as TRAIN_STEP_METRICS
 from grpo_jax.metric_writers import read_metrics
-from grpo_jax.task import build_task
-from grpo_jax.train_step import STEP_METRICS as TRAIN_STEP_METRICS
-from grpo_jax.train_step import TrainState
+from grpo_jax.tasks import build_task, fill_in
+from grpo_jax.train_state import TrainState
 
 ROOT = Path(__file__).resolve().parents[1]
-STEP_METRICS = TRAIN_STEP_METRICS + ("sample_fill_accuracy",)
+STEP_METRICS = TRAIN_STEP_METRICS + ("rewards/fill_accuracy/mean",)
 
 
 def get_config(arg="tiny"):
@@ -92,7 +93,7 @@ def corruption_data(tokens, vocab=20, gen_params=None):
 
 def test_corruptions_stay_inside_the_span():
     tokens = jnp.arange(200, dtype=jnp.int32) % 20
-    real = judge_lib.random_windows(jax.random.PRNGKey(1), tokens, 64, 12)
+    real = data_lib.random_windows(jax.random.PRNGKey(1), tokens, 64, 12)
     span = judge_lib.random_spans(jax.random.PRNGKey(2), 64, 12, 1, 3)
     gen, gparams = constant_generator(bias=np.linspace(-1.0, 1.0, 20))
     fill = lambda k, p, w, s: judge_lib.generator_fill(k, gen, p, w, s, mask_id=20)
@@ -118,7 +119,7 @@ def test_bigram_corruption_follows_the_train_bigrams():
     rng = np.random.default_rng(0)
     tokens = np.cumsum(rng.integers(1, 3, 20000)) % 20
     data = corruption_data(tokens)
-    real = judge_lib.random_windows(jax.random.PRNGKey(1), jnp.asarray(tokens), 2048, 12)
+    real = data_lib.random_windows(jax.random.PRNGKey(1), jnp.asarray(tokens), 2048, 12)
     span = judge_lib.random_spans(jax.random.PRNGKey(2), 2048, 12, 1, 3)
     fake = np.asarray(judge_lib.bigram_fill(jax.random.PRNGKey(3), real, span, data.log_bigram))
     real, span = np.asarray(real), np.asarray(span)
@@ -138,7 +139,7 @@ def test_generator_negatives_come_from_the_generator_distribution():
     bias = np.array([2.0, 1.0, 0.0, -1.0, 0.5] + [-9.0] * 15, np.float32)
     gen, params = constant_generator(bias=bias)
     tokens = jnp.arange(1000, dtype=jnp.int32) % 20
-    real = judge_lib.random_windows(jax.random.PRNGKey(1), tokens, 4096, 12)
+    real = data_lib.random_windows(jax.random.PRNGKey(1), tokens, 4096, 12)
     span = judge_lib.random_spans(jax.random.PRNGKey(2), 4096, 12, 1, 3)
     for temp in (1.0, 0.5):
         fake = judge_lib.generator_fill(jax.random.PRNGKey(3), gen, params, real, span, 20, temp)
@@ -155,7 +156,7 @@ def test_generator_fill_reads_the_masked_window():
     tokens = jnp.arange(200, dtype=jnp.int32) % 20
     gen = Encoder(vocab_size=21, out_size=20, num_layers=1, d_model=16, max_len=12)
     params = gen.init(jax.random.PRNGKey(5), jnp.zeros((1, 12), jnp.int32))["params"]
-    real = judge_lib.random_windows(jax.random.PRNGKey(1), tokens, 32, 12)
+    real = data_lib.random_windows(jax.random.PRNGKey(1), tokens, 32, 12)
     span = judge_lib.random_spans(jax.random.PRNGKey(2), 32, 12, 1, 3)
     fake = judge_lib.generator_fill(jax.random.PRNGKey(3), gen, params, real, span, 20)
     masked = jnp.where(span > 0, 20, real)
@@ -203,7 +204,7 @@ def test_refuses_a_judge_that_is_not_a_sequence_scorer(shakespeare_path, tmp_pat
     # a generator (token-head) checkpoint where the judge should be
     gen = Encoder(vocab_size=66, out_size=65, num_layers=1, d_model=16, max_len=12)
     params = gen.init(jax.random.PRNGKey(0), jnp.zeros((1, 12), jnp.int32))["params"]
-    state = TrainState(jnp.zeros((), jnp.int32), params, (), jax.random.PRNGKey(0))
+    state = TrainState(jnp.zeros((), jnp.int32), params, (), jax.random.PRNGKey(0), jnp.zeros(()))
     with ckpt_lib.Checkpointer(tmp_path / "gen" / "checkpoints") as ck:
         ck.save(1, state, force=True)
     cfg.judge.checkpoint = str(tmp_path / "gen")
@@ -223,7 +224,7 @@ def test_fill_in_run_keeps_judge_and_reference_frozen(
     def spy(step_fn, mesh, state, inputs, *args, **kwargs):
         out = real_jit_step(step_fn, mesh, state, inputs, *args, **kwargs)
         captured["inputs"] = out[2]
-        captured["frozen"] = jax.device_get((out[2].ref_params, out[2].reward_params))
+        captured["frozen"] = jax.device_get((out[2].ref_state, out[2].reward_state))
         captured["params0"] = jax.device_get(out[1].params)
         return out
 
@@ -234,7 +235,7 @@ def test_fill_in_run_keeps_judge_and_reference_frozen(
 
     ref0, judge0 = captured["frozen"]
     inputs = captured["inputs"]
-    after = jax.device_get((inputs.ref_params, inputs.reward_params))
+    after = jax.device_get((inputs.ref_state, inputs.reward_state))
     for a, b in zip(jax.tree.leaves((ref0, judge0)), jax.tree.leaves(after), strict=True):
         np.testing.assert_array_equal(a, b)  # never changed by the donated, jitted steps
     for a, b in zip(jax.tree.leaves(ref0), jax.tree.leaves(captured["params0"]), strict=True):
@@ -290,7 +291,7 @@ def test_lr_schedule_spans_every_update(shakespeare_path, judge_dir):
     task = build_task(cfg, "train")
     params0 = trainer.initial_params(cfg, task)
     step, inputs = task.build(params0)
-    step = jax.jit(step)
+    step = jax.jit(step.fused)
     state = task.make_state(params0)
     lrs = []
     for _ in range(n):

@@ -9,11 +9,16 @@ import optax
 import pytest
 
 from configs.shakespeare import get_config
-from grpo_jax import groups, reference, rewards
+from grpo_jax import engine, groups, rewards
 from grpo_jax.data import load_corpus
-from grpo_jax.loss import make_loss
+from grpo_jax.data import sample_windows as load_corpus_windows
+from grpo_jax.loss import make_loss as make_loss_from_specs
 from grpo_jax.model import init_params, make_model
-from grpo_jax.train_step import StepInputs, init_state, make_optimizer, make_train_step
+from grpo_jax.policy import TokenPrompts, transformer_policy
+from grpo_jax.specs import EngineSpec
+from grpo_jax.tasks import shakespeare as shakespeare_task
+from grpo_jax.tasks.shakespeare import make_reference
+from grpo_jax.train_state import StepInputs, init_state, make_optimizer
 
 
 @pytest.fixture(scope="module")
@@ -26,15 +31,36 @@ def setup(shakespeare_path):
     return cfg, corpus, model, params
 
 
+def _policy(cfg, model):
+    return transformer_policy(model, EngineSpec.from_config(cfg).group.sampling, cfg.data.horizon)
+
+
+def make_loss(cfg, model, has_reference):
+    spec = EngineSpec.from_config(cfg)
+    return make_loss_from_specs(spec.objective, spec.group, _policy(cfg, model), has_reference)
+
+
+def make_step(cfg, corpus, model, params, tx, sched, sample_prompts):
+    """The engine's step for the Shakespeare task's reference and char rewards."""
+    policy = _policy(cfg, model)
+    ref, ref_state = make_reference(cfg.reference.kind, cfg.reference, corpus, policy, params)
+    step = engine.make_grpo_step(
+        EngineSpec.from_config(cfg), policy, ref, sample_prompts,
+        rewards.char_terms(cfg.reward), tx, sched,
+    )  # fmt: skip
+    return step, ref_state
+
+
 def _parts(cfg, corpus, model, params):
-    ref, ref_state = reference.make_reference(cfg.reference, corpus, model, params)
-    collect = groups.make_collect(
-        cfg, model, corpus.vocab.size, ref, rewards.make_reward_fn(cfg.reward)
-    )
+    """The scored group parts of two fixed val windows (the step's rollout and scoring)."""
     ctx = jnp.asarray(corpus.val[:32]).reshape(2, 16)
     tgt = jnp.asarray(corpus.val[32:48]).reshape(2, 8)
-    parts, _ = collect(params, ref_state, ctx, tgt, jax.random.PRNGKey(1))
-    return parts, ref is not None
+    prompts = TokenPrompts(ctx, None, {"target": tgt})
+    tx, sched = make_optimizer(cfg.optim, 4)
+    step, ref_state = make_step(cfg, corpus, model, params, tx, sched, lambda k, d: prompts)
+    state = init_state(params, tx, 0)._replace(rng=jax.random.PRNGKey(1))
+    parts, _ = step.score(step.rollout(state, StepInputs(None, ref_state)))
+    return parts, ref_state is not None
 
 
 def test_expected_estimator_is_the_exact_all_action_gradient(setup):
@@ -49,7 +75,7 @@ def test_expected_estimator_is_the_exact_all_action_gradient(setup):
     g = jax.grad(lambda p: loss_fn(p, parts, (part.logp_old,), True, (True,))[0])(params)
 
     def expected_return(p):  # J(θ) = mean_b Σ_a π_θ(a|s_b) R_b(a), written independently
-        logits = model.apply({"params": p}, part.context)[:, -1]
+        logits = model.apply({"params": p}, part.prompts.tokens)[:, -1]
         return jnp.mean(jnp.sum(jax.nn.softmax(logits) * part.action_returns, axis=-1))
 
     want = jax.grad(expected_return)(params)
@@ -74,7 +100,7 @@ def test_uniform_estimator_gradient(setup):
     adv = (r - r.mean(1, keepdims=True)) / (r.std(1, keepdims=True) + 1e-8)
 
     def surrogate(p):
-        logp = jax.nn.log_softmax(model.apply({"params": p}, part.context)[:, -1])
+        logp = jax.nn.log_softmax(model.apply({"params": p}, part.prompts.tokens)[:, -1])
         return -jnp.mean(jnp.asarray(adv, jnp.float32) * logp)
 
     want = jax.grad(surrogate)(params)
@@ -91,21 +117,21 @@ def test_train_step_invariant_to_vocab_chunk(setup, mode):
         c.data.path = cfg.data.path
         c.group.vocab_chunk = chunk
         c.grpo.num_iterations = 2
-        ref, ref_state = reference.make_reference(c.reference, corpus, model, params)
-        collect = groups.make_collect(
-            c, model, corpus.vocab.size, ref, rewards.make_reward_fn(c.reward)
-        )
         # plain SGD: the params then differ by lr x the gradients' difference. Adam would
         # divide near-zero gradient entries by their own scale and turn a summation-order
         # difference of 1e-9 into a fraction of a whole update.
         _, sched = make_optimizer(c.optim, 4)
         tx = optax.sgd(0.5)
-        step = make_train_step(
-            c, collect, make_loss(c, model, True), tx, sched, (True,), corpus.vocab.size
-        )
+        h, ctx_len, b = c.data.horizon, c.data.context_len, c.train.batch_size
+
+        def sample_prompts(key, tokens):
+            context, target = load_corpus_windows(key, tokens, b, ctx_len, h)
+            return TokenPrompts(context, None, {"target": target})
+
+        step, ref_state = make_step(c, corpus, model, params, tx, sched, sample_prompts)
         state = init_state(params, tx, c.seed)
         inputs = StepInputs(jnp.asarray(corpus.train[:5000]), ref_state)
-        state, m = jax.jit(step)(state, inputs)
+        state, m = jax.jit(step.fused)(state, inputs)
         results.append((state, m))
     (s0, m0), (s1, m1) = results
     moved = [
@@ -113,7 +139,7 @@ def test_train_step_invariant_to_vocab_chunk(setup, mode):
         for a, b in zip(jax.tree.leaves(s0.params), jax.tree.leaves(params), strict=True)
     ]
     assert any(moved)  # the step did update the policy
-    for k in ("loss", "reward_mean", "kl", "pg_loss"):
+    for k in ("loss", "reward", "kl", "pg_loss"):
         np.testing.assert_allclose(m0[k], m1[k], rtol=1e-5, atol=1e-6)
     for a, b in zip(jax.tree.leaves(s0.params), jax.tree.leaves(s1.params), strict=True):
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
@@ -172,12 +198,18 @@ def test_masked_rows_do_not_dilute_the_loss(setup):
 def test_discounted_returns_weight_early_chars():
     """R = Σ_t γ^t r_t / Σ_t γ^t, by hand; γ = 1 is the mean, γ = 0 the first char's reward."""
     r = jnp.asarray([[[1.0, 0.0, 0.5], [0.0, 1.0, 1.0]]])  # [B=1, K=2, H=3]
-    mask = jnp.asarray([[1.0, 0.0]])
+    # the mask is per token now (completions may end at EOS); member 1 is masked out whole
+    mask = jnp.asarray([[1.0, 0.0]])[..., None] * jnp.ones(3)
     got = np.asarray(groups.sequence_returns(r, mask, 0.5))
     np.testing.assert_allclose(got, [[(1.0 + 0.0 + 0.25 * 0.5) / 1.75, 0.0]], rtol=1e-6)
-    np.testing.assert_allclose(groups.sequence_returns(r, jnp.ones((1, 2)), 1.0), [[0.5, 2 / 3]])
-    np.testing.assert_allclose(groups.sequence_returns(r, jnp.ones((1, 2)), 0.0), [[1.0, 0.0]])
+    ones = jnp.ones((1, 2, 3))
+    np.testing.assert_allclose(groups.sequence_returns(r, ones, 1.0), [[0.5, 2 / 3]])
+    np.testing.assert_allclose(groups.sequence_returns(r, ones, 0.0), [[1.0, 0.0]])
+    # a completion that ended after 2 tokens: its return is over those 2 only
+    short = jnp.asarray([[[1.0, 1.0, 0.0], [1.0, 1.0, 1.0]]])
+    np.testing.assert_allclose(groups.sequence_returns(r, short, 0.5), [[1.0 / 1.5, 0.75 / 1.75]])
     cfg = get_config("exhaustive,tiny")
     cfg.reward.discount = 1.5
+    # the check moved from the group builder to the task's validation (one check per setting)
     with pytest.raises(ValueError, match=r"reward.discount=1.5 must lie in \[0, 1\]"):
-        groups.make_collect(cfg, None, 65, None, None)
+        shakespeare_task.validate(cfg, "train")

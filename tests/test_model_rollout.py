@@ -8,6 +8,7 @@ import pytest
 
 from grpo_jax import rollout as ro
 from grpo_jax.model import Transformer, empty_cache, group_logits, init_params
+from grpo_jax.policy import TokenPrompts, rollout, transformer_policy
 
 V, B, G, C, H = 11, 2, 3, 5, 6
 
@@ -30,12 +31,12 @@ def test_prefill_extend_decode_equal_full_forward(model_params):
     ref = _full_logits(m, p, ctx, gen)
     logits, prefix = m.apply({"params": p}, ctx, method=Transformer.prefill)
     np.testing.assert_allclose(logits, ref[:, 0, :C], atol=1e-5)
-    ext = m.apply({"params": p}, prefix, gen, C, method=Transformer.extend)
+    ext = m.apply({"params": p}, prefix, gen, method=Transformer.extend)
     np.testing.assert_allclose(ext, ref[:, :, C:], atol=1e-5)
     cache, outs = empty_cache(m, B, G, H), []
     for t in range(H):
         lg, cache = m.apply(
-            {"params": p}, prefix, cache, gen[:, :, t], t, C, method=Transformer.decode
+            {"params": p}, prefix, cache, gen[:, :, t], t, method=Transformer.decode
         )
         outs.append(lg)
     np.testing.assert_allclose(jnp.stack(outs, 2), ref[:, :, C:], atol=1e-5)
@@ -78,26 +79,36 @@ def test_sampler_matches_numpy_inverse_cdf_and_filters():
     assert nucleus == set(keep.tolist())
 
 
+def _rollout(m, p, ctx, forced, u, sp, chunk=0, stop=None):
+    """policy.rollout from a prefilled batch of fixed-length prompts."""
+    pol = transformer_policy(m, sp, u.shape[-1], stop)
+    prompts = TokenPrompts(ctx, None, {})
+    first_logits, state = pol.prefill(p, prompts)
+    tokens, logp, ent, mask = rollout(pol, p, prompts, first_logits, state, forced, u, sp, chunk)
+    return tokens, logp, ent, mask, first_logits
+
+
 def test_rollout_logp_matches_training_forward_and_chunking(model_params):
     m, p = model_params
     ctx = jax.random.randint(jax.random.PRNGKey(3), (B, C), 0, V)
     sp = ro.SamplingParams(temperature=0.8)
     u = jax.random.uniform(jax.random.PRNGKey(4), (B, V, H))
     forced = jnp.broadcast_to(jnp.arange(V, dtype=jnp.int32), (B, V))
-    full = ro.rollout(m, p, ctx, forced, u, sp)
-    chex.assert_shape(full.tokens, (B, V, H))
-    chex.assert_shape(full.first_logits, (B, V))
-    np.testing.assert_array_equal(full.tokens[..., 0], forced)
+    tokens, logp, ent, mask, first_logits = _rollout(m, p, ctx, forced, u, sp)
+    chex.assert_shape(tokens, (B, V, H))
+    chex.assert_shape(first_logits, (B, V))
+    np.testing.assert_array_equal(tokens[..., 0], forced)
+    np.testing.assert_array_equal(mask, 1.0)  # no EOS: every completion runs the horizon
     for chunk in (4, 5):  # 11 members: padded chunks
-        part = ro.rollout(m, p, ctx, forced, u, sp, vocab_chunk=chunk)
-        np.testing.assert_array_equal(part.tokens, full.tokens)
-        np.testing.assert_allclose(part.logp, full.logp, atol=1e-5)
-        np.testing.assert_allclose(part.entropy, full.entropy, atol=1e-5)
+        part = _rollout(m, p, ctx, forced, u, sp, chunk)
+        np.testing.assert_array_equal(part[0], tokens)
+        np.testing.assert_allclose(part[1], logp, atol=1e-5)
+        np.testing.assert_allclose(part[2], ent, atol=1e-5)
     # the sampler's π_old equals the training forward's tempered log-probs
-    _, logits = group_logits(m, p, ctx, full.tokens)
+    _, logits = group_logits(m, p, ctx, tokens)
     lp = jax.nn.log_softmax(logits / sp.temperature, -1)
-    train_lp = jnp.take_along_axis(lp, full.tokens[..., None], -1)[..., 0]
-    np.testing.assert_allclose(full.logp, train_lp, atol=1e-5)
+    train_lp = jnp.take_along_axis(lp, tokens[..., None], -1)[..., 0]
+    np.testing.assert_allclose(logp, train_lp, atol=1e-5)
 
 
 def test_sampled_first_actions_follow_policy(model_params):
@@ -105,7 +116,50 @@ def test_sampled_first_actions_follow_policy(model_params):
     ctx = jax.random.randint(jax.random.PRNGKey(5), (1, C), 0, V)
     n = 4000
     u = jax.random.uniform(jax.random.PRNGKey(6), (1, n, 2))
-    r = jax.jit(lambda u: ro.rollout(m, p, ctx, None, u, ro.SamplingParams()))(u)
-    freq = np.bincount(np.asarray(r.tokens[0, :, 0]), minlength=V) / n
-    probs = np.asarray(jax.nn.softmax(r.first_logits[0]))
+    r = jax.jit(lambda u: _rollout(m, p, ctx, None, u, ro.SamplingParams()))(u)
+    freq = np.bincount(np.asarray(r[0][0, :, 0]), minlength=V) / n
+    probs = np.asarray(jax.nn.softmax(r[4][0]))
     np.testing.assert_allclose(freq, probs, atol=0.03)
+
+
+def test_left_padded_prompts_score_like_unpadded_ones(model_params):
+    """A prompt's logits, keys and continuation do not depend on its padding: the same prompt
+    left-padded to a wider batch gives the same first logits, extend and decode outputs."""
+    m, p = model_params
+    ctx = jax.random.randint(jax.random.PRNGKey(7), (1, 3), 0, V)
+    gen = jax.random.randint(jax.random.PRNGKey(8), (1, G, 4), 0, V)
+    padded = jnp.concatenate([jnp.full((1, 2), 5), ctx], axis=1)  # 2 pad slots of garbage
+    mask = jnp.array([[0.0, 0.0, 1.0, 1.0, 1.0]])
+    _, want = group_logits(m, p, ctx, gen)
+    _, got = group_logits(m, p, padded, gen, mask)
+    np.testing.assert_allclose(got, want, atol=1e-5)
+    logits, prefix = m.apply({"params": p}, padded, mask, method=Transformer.prefill)
+    assert int(prefix.length[0]) == 3
+    cache = empty_cache(m, 1, G, 4)
+    lg, _ = m.apply({"params": p}, prefix, cache, gen[:, :, 0], 0, method=Transformer.decode)
+    np.testing.assert_allclose(lg, want[:, :, 1], atol=1e-5)
+
+
+def test_completions_stop_at_eos_and_mask_the_rest(model_params):
+    """With an EOS id the sampler stops each member at its first EOS: the EOS itself counts,
+    every later slot holds the pad id with mask 0; forcing EOS first leaves one token."""
+    m, p = model_params
+    ctx = jax.random.randint(jax.random.PRNGKey(9), (B, C), 0, V)
+    eos, pad = 3, 0
+    forced = jnp.broadcast_to(jnp.arange(V, dtype=jnp.int32), (B, V))
+    u = jax.random.uniform(jax.random.PRNGKey(10), (B, V, H))
+    stop = ro.Stop(eos, pad)
+    tokens, logp, _, mask, _ = _rollout(m, p, ctx, forced, u, ro.SamplingParams(2.0), stop=stop)
+    tokens, mask = np.asarray(tokens), np.asarray(mask)
+    for b in range(B):
+        for k in range(V):
+            t, mk = tokens[b, k], mask[b, k]
+            hits = np.flatnonzero(t == eos)
+            end = hits[0] + 1 if hits.size else H
+            np.testing.assert_array_equal(mk, np.arange(H) < end)
+            assert (t[end:] == pad).all()
+    assert (mask[:, eos].sum(-1) == 1).all()  # forced EOS: an empty answer, one token
+    assert (mask.sum(-1) < H).any() and (mask.sum(-1) == H).any()  # both cases occur
+    # the same uniforms without a stop token: identical up to each member's EOS
+    free, _, _, _, _ = _rollout(m, p, ctx, forced, u, ro.SamplingParams(2.0))
+    np.testing.assert_array_equal(np.where(mask > 0, tokens, -1), np.where(mask > 0, free, -1))

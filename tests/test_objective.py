@@ -87,21 +87,64 @@ def np_entropy(z):
 
 
 def np_aggregate(x, mask, mode):
+    # Rows whose mask is all zero do not exist: they count in no normaliser.  (This
+    # reference used to average over every row, all-masked ones included, and to
+    # divide dr-grpo by all rows × T; the aggregation semantics changed to the
+    # rows-that-exist normalisers, so the reference follows.)
     T = x.shape[-1]
     m = np.broadcast_to(np.asarray(mask, bool), x.shape).reshape(-1, T)
     x = np.asarray(x, np.float64).reshape(-1, T)
-    rows = []
+    total, tokens, live_rows, row_means = 0.0, 0, 0, 0.0
     for i in range(x.shape[0]):
-        vals = x[i][m[i]]
-        if mode == "sequence-mean-token-mean":
-            rows.append(vals.mean() if vals.size else 0.0)
-        elif mode == "sequence-mean-token-sum":
-            rows.append(vals.sum())
-    if mode == "token-mean":
-        return x[m].mean() if m.any() else 0.0
-    if mode == "dr-grpo":
-        return x[m].sum() / (x.shape[0] * T)
-    return float(np.mean(rows))
+        vals = [float(x[i, t]) for t in range(T) if m[i, t]]
+        if not vals:
+            continue
+        live_rows += 1
+        tokens += len(vals)
+        total += sum(vals)
+        row_means += sum(vals) / len(vals)
+    if live_rows == 0:
+        return 0.0
+    return {
+        "sequence-mean-token-mean": row_means / live_rows,
+        "token-mean": total / tokens,
+        "sequence-mean-token-sum": total / live_rows,
+        "dr-grpo": total / (live_rows * T),
+    }[mode]
+
+
+def np_aggregate_weights(mask, mode):
+    """d aggregate / d x_t: 1/normaliser at real tokens, 0 elsewhere (per-row loop)."""
+    T = mask.shape[-1]
+    m = np.asarray(mask, bool).reshape(-1, T)
+    lengths = [int(row.sum()) for row in m]
+    live_rows = sum(n > 0 for n in lengths)
+    w = np.zeros(m.shape)
+    for i, n in enumerate(lengths):
+        for t in range(T):
+            if not m[i, t]:
+                continue
+            w[i, t] = {
+                "sequence-mean-token-mean": 1.0 / (live_rows * n),
+                "token-mean": 1.0 / sum(lengths),
+                "sequence-mean-token-sum": 1.0 / live_rows,
+                "dr-grpo": 1.0 / (live_rows * T),
+            }[mode]
+    return w.reshape(mask.shape)
+
+
+def np_entropy_finite_part(z):
+    """Entropy of softmax over the finite entries only, per row; 0 for rows with none."""
+    z = np.asarray(z, np.float64)
+    out = np.zeros(z.shape[:-1])
+    for i in np.ndindex(*z.shape[:-1]):
+        f = z[i][np.isfinite(z[i])]
+        if f.size == 0:
+            continue
+        p = np.exp(f - f.max())
+        p /= p.sum()
+        out[i] = -np.sum(p * np.log(p))
+    return out
 
 
 def np_all_action(logp, returns, scale, eps, mask):
@@ -401,6 +444,33 @@ def test_exact_kl_identical_is_zero_and_uniform_entropy():
     np.testing.assert_allclose(bf16, np.log(5.0), rtol=1e-6)
 
 
+@pytest.mark.parametrize("seed", SEEDS)
+def test_entropy_with_filtered_log_probs(seed):
+    rng = np.random.default_rng(seed)
+    z = f32(rng.normal(size=(3, 4, 9)) * 2)
+    z[0, :, :4] = -np.inf  # top-k style filtering
+    z[1, 1, ::2] = -np.inf
+    z[2, 2, :8] = -np.inf  # a single surviving token: entropy 0
+    z[2, 3, :] = -np.inf  # nothing survives (a padding position)
+    finite = np.isfinite(z)
+    logp = f32(np.where(finite, np_log_softmax(np.where(finite, z, -1e30)), -np.inf))
+    want = np_entropy_finite_part(z)
+    assert want[2, 2] == 0.0 and want[0, 0] > 0.5
+    for inp in (z, logp):  # raw logits or normalised log-probs, same distribution
+        got = np.asarray(entropy_from_logits(jnp.asarray(inp)))
+        assert np.all(np.isfinite(got))
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+        g = np.asarray(jgrad(lambda a: jnp.sum(entropy_from_logits(a)))(jnp.asarray(inp)))
+        assert np.all(np.isfinite(g))
+        assert np.all(g[~np.isfinite(inp)] == 0.0)
+        # dH/dz_v = -p_v (log p_v + H) on the finite part
+        lp = np_log_softmax(np.where(finite, z, -1e30))
+        p = np.where(finite, np.exp(lp), 0.0)
+        want_g = np.where(finite, -p * (lp + want[..., None]), 0.0)
+        want_g[2, 3] = 0.0
+        np.testing.assert_allclose(g, want_g, rtol=1e-4, atol=1e-6)
+
+
 # ----------------------------------------------------------------------------
 # aggregate
 # ----------------------------------------------------------------------------
@@ -444,6 +514,88 @@ def test_aggregate_golden_and_unknown():
         np.testing.assert_allclose(aggregate(x, m, mode), value, rtol=1e-6)
     with pytest.raises(ValueError, match="token-mean"):
         obj.aggregate(x, m, "mean")
+
+
+def varied_length_batch(seed, B=2, G=3, T=5):
+    """[B, G, T] values and masks with per-row lengths 1..T, one all-masked row, and
+    NaN garbage at every masked position."""
+    rng = np.random.default_rng(seed)
+    lengths = np.concatenate([np.arange(1, T + 1), [0]])
+    lengths = np.resize(lengths, B * G)
+    rng.shuffle(lengths)
+    lengths = lengths.reshape(B, G)
+    mask = np.arange(T) < lengths[..., None]
+    x = f32(rng.normal(size=(B, G, T)))
+    x[~mask] = np.nan
+    assert (lengths == 0).sum() == 1 and set(range(1, T + 1)) <= set(lengths.ravel())
+    return x, mask
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+@pytest.mark.parametrize("mode", MODES)
+def test_aggregate_varied_lengths_match_reference(seed, mode):
+    x, mask = varied_length_batch(seed)
+    got = aggregate(jnp.asarray(x), jnp.asarray(mask), mode)
+    assert np.isfinite(float(got))
+    np.testing.assert_allclose(got, np_aggregate(x, mask, mode), rtol=1e-5, atol=1e-6)
+    # a float mask and a mask given per row ([B, G, 1] broadcast) mean the same
+    got_f = aggregate(jnp.asarray(x), jnp.asarray(mask, jnp.float32), mode)
+    np.testing.assert_allclose(got_f, got, rtol=1e-6)
+    # the all-masked row does not count: dropping it leaves the value unchanged
+    live = mask.reshape(-1, mask.shape[-1]).any(-1)
+    rows_x = x.reshape(-1, x.shape[-1])[live]
+    rows_m = mask.reshape(-1, mask.shape[-1])[live]
+    got_live = aggregate(jnp.asarray(rows_x), jnp.asarray(rows_m), mode)
+    np.testing.assert_allclose(got_live, got, rtol=1e-5, atol=1e-7)
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+@pytest.mark.parametrize("mode", MODES)
+def test_aggregate_gradient_is_mask_over_normaliser(seed, mode):
+    x, mask = varied_length_batch(seed)
+    grad = np.asarray(jgrad(lambda a: aggregate(a, jnp.asarray(mask), mode))(jnp.asarray(x)))
+    assert np.all(np.isfinite(grad))
+    assert np.all(grad[~mask] == 0.0)  # NaN garbage there, still an exact 0
+    want = np_aggregate_weights(mask, mode)
+    np.testing.assert_allclose(grad, want, rtol=1e-6, atol=0)
+    # linear with those weights: the value is Σ w·x over real tokens
+    np.testing.assert_allclose(
+        aggregate(jnp.asarray(x), jnp.asarray(mask), mode),
+        np.sum(np.where(mask, want * x, 0.0)),
+        rtol=1e-5,
+        atol=1e-6,
+    )
+
+
+def test_aggregate_masked_row_golden():
+    # 3 rows × T=4; row 2 is all masked (a padding member) and holds NaN garbage.
+    #   row 0: 1 2 3 4  (length 4, sum 10, mean 2.5)
+    #   row 1: 5 6 . .  (length 2, sum 11, mean 5.5)
+    #   row 2: . . . .  (does not exist)
+    # rows = 2 rows exist, 6 tokens, Σ m·x = 21:
+    #   sequence-mean-token-mean = (2.5 + 5.5) / 2 = 4.0
+    #   token-mean               = 21 / 6          = 3.5
+    #   sequence-mean-token-sum  = (10 + 11) / 2   = 10.5
+    #   dr-grpo                  = 21 / (2 · 4)    = 2.625  (not 21 / (3 · 4) = 1.75)
+    # Gradients (per real token): 1/(2·4) and 1/(2·2) per row; 1/6; 1/2; 1/8.
+    nan = np.nan
+    x = jnp.array([[1.0, 2.0, 3.0, 4.0], [5.0, 6.0, nan, nan], [nan, nan, nan, nan]])
+    m = jnp.array([[1, 1, 1, 1], [1, 1, 0, 0], [0, 0, 0, 0]], bool)
+    want = {
+        "sequence-mean-token-mean": (4.0, [0.125, 0.25, 0.0]),
+        "token-mean": (3.5, [1 / 6, 1 / 6, 0.0]),
+        "sequence-mean-token-sum": (10.5, [0.5, 0.5, 0.0]),
+        "dr-grpo": (2.625, [0.125, 0.125, 0.0]),
+    }
+    for mode, (value, row_w) in want.items():
+        np.testing.assert_allclose(aggregate(x, m, mode), value, rtol=1e-6)
+        g = np.asarray(jgrad(lambda a, mode=mode: aggregate(a, m, mode))(x))
+        np.testing.assert_allclose(g, np.asarray(m) * np.array(row_w)[:, None], rtol=1e-6)
+    # Dr.GRPO's normaliser ignores the completion lengths of the rows that exist
+    # but not their number: a second padding row changes nothing.
+    x4 = jnp.concatenate([x, jnp.full((1, 4), nan)])
+    m4 = jnp.concatenate([m, jnp.zeros((1, 4), bool)])
+    np.testing.assert_allclose(aggregate(x4, m4, "dr-grpo"), 2.625, rtol=1e-6)
 
 
 # ----------------------------------------------------------------------------

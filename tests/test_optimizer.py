@@ -8,7 +8,7 @@ import numpy as np
 import optax
 from ml_collections import ConfigDict
 
-from grpo_jax.train_step import make_optimizer
+from grpo_jax.train_state import make_optimizer
 
 
 def _optim(warmup=0):

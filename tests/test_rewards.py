@@ -1,5 +1,7 @@
 """Tests for grpo_jax.rewards on hand-computed golden examples."""
 
+from types import SimpleNamespace
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -8,6 +10,7 @@ from ml_collections import config_dict
 
 from grpo_jax import rewards
 from grpo_jax.config_blocks import load_config
+from grpo_jax.policy import TokenPrompts
 
 # One prompt (B=1), two rollouts (G=2), horizon 3, vocabulary of 4.
 TOKENS = np.array([[[0, 1, 2], [3, 1, 0]]], np.int32)
@@ -94,24 +97,40 @@ def test_needs_reference():
     assert rewards.needs_reference(cfg(terms="match_partial"))
 
 
+def make_reward_fn(reward_cfg):
+    """The engine's path for the char terms: char_terms -> device_values -> combine's total."""
+    terms = rewards.char_terms(reward_cfg)
+
+    def fn(tokens, target, ref):
+        tokens = jnp.asarray(tokens)
+        prompts = TokenPrompts(None, None, {"target": jnp.asarray(target)})
+        ref_lp = jnp.zeros(tokens.shape + (0,)) if ref is None else jnp.asarray(ref)
+        mask = jnp.ones(tokens.shape)
+        part = SimpleNamespace(prompts=prompts, tokens=tokens, token_mask=mask, ref_logp=ref_lp)
+        dev = rewards.device_values(terms, None, part)
+        return rewards.combine(terms, dev, (), None, mask)[0]["total"]
+
+    return fn
+
+
 def test_weighted_sum_and_jit():
-    fn = rewards.make_reward_fn(cfg(terms="match_partial:1.0,match:0.5"))
+    fn = make_reward_fn(cfg(terms="match_partial:1.0,match:0.5"))
     want = [[[1.5, 0.2, 1.5], [0.2, 0.0, 0.2]]]
     np.testing.assert_allclose(fn(TOKENS, TARGET, REF), want, rtol=1e-6)
     np.testing.assert_allclose(jax.jit(fn)(TOKENS, TARGET, REF), want, rtol=1e-6)
 
-    fn2 = rewards.make_reward_fn(cfg(terms="match:2,ref_logprob:0.1"))
+    fn2 = make_reward_fn(cfg(terms="match:2,ref_logprob:0.1"))
     want2 = 2 * np.array([[[1, 0, 1], [0, 0, 0]]]) + 0.1 * np.log(
         [[[0.1, 0.3, 0.25], [0.4, 0.2, 0.4]]]
     )
     np.testing.assert_allclose(fn2(TOKENS, TARGET, REF), want2, rtol=1e-6)
 
-    only_match = rewards.make_reward_fn(cfg(terms="match:3"))
+    only_match = make_reward_fn(cfg(terms="match:3"))
     np.testing.assert_array_equal(only_match(TOKENS, TARGET, None), [[[3, 0, 3], [0] * 3]])
     with pytest.raises(ValueError, match="reference"):
         fn(TOKENS, TARGET, None)
     with pytest.raises(ValueError, match="unknown reward"):
-        rewards.make_reward_fn(cfg(terms="nope"))
+        make_reward_fn(cfg(terms="nope"))
 
 
 def test_shape_errors():
@@ -121,15 +140,9 @@ def test_shape_errors():
         rewards.REWARDS["ref_logprob"](TOKENS, TARGET, REF[:, :1], cfg())
 
 
-def test_reduce_rewards():
-    r = jnp.asarray([[[1.0, 0.0, 0.5], [0.25, 0.25, 0.25]]])
-    assert rewards.reduce_rewards(r, per_token=True) is r
-    np.testing.assert_allclose(rewards.reduce_rewards(r, per_token=False), [[0.5, 0.25]])
-
-
 def test_default_config_reward():
     reward_cfg = load_config("shakespeare", "tiny").reward
     assert rewards.needs_reference(reward_cfg)
-    fn = rewards.make_reward_fn(reward_cfg)
+    fn = make_reward_fn(reward_cfg)
     # Default k=5 >= V=4: every wrong char gets the 0.2 partial credit.
     np.testing.assert_allclose(fn(TOKENS, TARGET, REF), [[[1, 0.2, 1], [0.2] * 3]])

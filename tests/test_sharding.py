@@ -4,7 +4,7 @@ The multi-device checks run in subprocesses with 8 fake CPU devices
 (``XLA_FLAGS=--xla_force_host_platform_device_count=8`` must be set before jax starts);
 pytest's own process keeps its single device for the mesh-free unit tests and the vmapped
 seeds. The subprocesses share a persistent compilation cache, so a program that two of
-them build (the (data=1, vocab=1) step of the entry-point run and of its resumed copy) is
+them build (the (data=1, member=1) step of the entry-point run and of its resumed copy) is
 compiled once.
 """
 
@@ -33,7 +33,7 @@ TOL = 1e-5
 
 
 def mesh_cfg(data=-1, vocab=1):
-    return config_dict.ConfigDict({"data": data, "vocab": vocab, "shard_params": False})
+    return config_dict.ConfigDict({"data": data, "member": vocab, "shard_params": False})
 
 
 def test_mesh_shape():
@@ -52,9 +52,9 @@ def test_mesh_shape():
 def test_single_device_mesh_and_batch_check():
     assert jax.config.jax_threefry_partitionable
     mesh = sharding.make_mesh(mesh_cfg())
-    assert dict(mesh.shape) == {"data": jax.device_count(), "vocab": 1}
+    assert dict(mesh.shape) == {"data": jax.device_count(), "member": 1}
     sharding.check_batch(8, mesh)
-    fake = type("M", (), {"shape": {"data": 4, "vocab": 2}})()
+    fake = type("M", (), {"shape": {"data": 4, "member": 2}})()
     with pytest.raises(ValueError, match=r"train.batch_size=6 is not divisible by .* \(4 dev"):
         sharding.check_batch(6, fake)
 
@@ -109,7 +109,7 @@ def env8(tmp_path_factory, shakespeare_path):
 @pytest.fixture(scope="module")
 def equivalence(env8):
     """3 steps of sampled and exhaustive groups (batch 8) on the plain single-device path
-    and on the meshes (data=8), (data=2, vocab=4), (vocab=8)."""
+    and on the meshes (data=8), (data=2, member=4), (member=8)."""
     proc = _run([CHECK, "equivalence", "sampled", "exhaustive"], env8)
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
@@ -132,7 +132,7 @@ def _losses(workdir):
 
 
 def test_entry_point_meshes_and_checkpoint_across_meshes(env8, tmp_path):
-    """main.py on (data=2, vocab=4) logs the same losses as on (data=1, vocab=1); its step-2
+    """main.py on (data=2, member=4) logs the same losses as on (data=1, member=1); its step-2
     checkpoint resumes on a single device and on (data=8, FSDP) with the same losses."""
     common = [
         "-m",
@@ -147,11 +147,11 @@ def test_entry_point_meshes_and_checkpoint_across_meshes(env8, tmp_path):
     ]
     wd = {name: tmp_path / name for name in ("mesh24", "mesh11")}
     _run(
-        [*common, "--config.mesh.data=2", "--config.mesh.vocab=4", f"--workdir={wd['mesh24']}"],
+        [*common, "--config.mesh.data=2", "--config.mesh.member=4", f"--workdir={wd['mesh24']}"],
         env8,
     )
     _run(
-        [*common, "--config.mesh.data=1", "--config.mesh.vocab=1", f"--workdir={wd['mesh11']}"],
+        [*common, "--config.mesh.data=1", "--config.mesh.member=1", f"--workdir={wd['mesh11']}"],
         env8,
     )
     ref, single = _losses(wd["mesh24"]), _losses(wd["mesh11"])
@@ -176,7 +176,7 @@ def test_vmapped_seeds_equal_separate_runs(shakespeare_path, monkeypatch):
     sys.path.insert(0, str(ROOT / "configs"))
     import shakespeare
 
-    from grpo_jax import task as task_lib
+    from grpo_jax import tasks as task_lib
     from grpo_jax import trainer
 
     config = shakespeare.get_config("sampled,tiny")
@@ -186,6 +186,7 @@ def test_vmapped_seeds_equal_separate_runs(shakespeare_path, monkeypatch):
     seeds = (0, 1, 2)
     # different rng per seed, and different initial params too
     stacked = sharding.seed_states(task.make_state, params0, seeds, init_params=task.init_params)
+    step_fn = step_fn.fused  # engine.Step: one program (the task has no Python reward)
     multi = jax.jit(sharding.make_multi_seed_step(step_fn), donate_argnums=0)
     single = jax.jit(step_fn)
     separate = [sharding.unstack_state(stacked, i) for i in range(len(seeds))]

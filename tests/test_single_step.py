@@ -1,4 +1,5 @@
-"""single_step.make_step's exhaustive groups against closed-form gradients on a tabular policy.
+"""Single-step groups (a tabular policy acting on one span at once) through the one engine,
+against closed-form gradients.
 
 The policy is a logit table θ[prompt, position, action]; the reward a fixed table, so the
 objective E_π[R] and its gradient are known exactly (jax.grad of the closed form, not of the
@@ -12,9 +13,11 @@ import optax
 import pytest
 from ml_collections import ConfigDict
 
-from grpo_jax import single_step
+from grpo_jax import metrics, single_step
 from grpo_jax.groups import Part
-from grpo_jax.train_step import group_metrics, init_state
+from grpo_jax.rewards import RewardTerm
+from grpo_jax.specs import EngineSpec
+from grpo_jax.train_state import init_state
 
 B, V = 3, 5
 
@@ -33,22 +36,30 @@ def _config(mode="exhaustive", kl="exact", beta=0.0, scale="none"):
                 "advantage_scale": scale,
                 "entropy_coef": 0.0,
             },
+            "train": {
+                "batch_size": B,
+                "num_steps": 1,
+                "log_every": 1,
+                "eval_every": 1,
+                "checkpoint_every": 1,
+                "keep_checkpoints": 1,
+            },
         }
     )
 
 
 def _problem(num_positions, mask, reward_table):
-    """A step over a tabular policy; reward = reward_table[prompt, action at position 0]."""
-    mask = jnp.asarray(mask, jnp.float32)
+    """A step over a tabular policy; reward = reward_table[prompt, the span's first action]."""
+    start, length = single_step.spans_of(jnp.asarray(mask))
 
     def policy_logits(params, prompts):
         return params[prompts]  # [B, T, V]
 
     def sample_prompts(key, data):
-        return jnp.arange(B), mask
+        return single_step.SpanPrompts(jnp.arange(B), start, length, {})
 
-    def reward_fn(reward_params, data, prompts, tokens, m):
-        return reward_table[prompts[:, None], tokens[..., 0]], {}
+    def reward_fn(state, prompts, tokens, m, ref):
+        return reward_table[prompts.inputs[:, None], tokens[..., 0]]
 
     theta = jax.random.normal(jax.random.PRNGKey(0), (B, num_positions, V))
     return theta, policy_logits, sample_prompts, reward_fn
@@ -57,13 +68,13 @@ def _problem(num_positions, mask, reward_table):
 def _sgd_step(config, theta, problem_fns, ref=None):
     policy_logits, sample_prompts, reward_fn = problem_fns
     tx = optax.sgd(1.0)
-    step = single_step.make_step(
-        config, policy_logits, sample_prompts, reward_fn, tx, lambda s: 1.0
-    )
-    state, metrics = jax.jit(step)(
-        init_state(theta, tx, 0), single_step.Inputs(jnp.zeros(()), ref, None)
-    )
-    return state.params, metrics
+    terms = (RewardTerm("table", 1.0, reward_fn),)
+    fns = (policy_logits, V, 1, sample_prompts, terms, tx, lambda s: 1.0)
+    step, inputs = single_step.build(config, EngineSpec.from_config(config), *fns, theta, None)
+    if ref is not None:
+        inputs = inputs._replace(ref_state=ref)
+    state, m = jax.jit(step.fused)(init_state(theta, tx, 0), inputs)
+    return state.params, m
 
 
 def test_exhaustive_one_action_is_the_exact_policy_gradient():
@@ -76,9 +87,9 @@ def test_exhaustive_one_action_is_the_exact_policy_gradient():
         return jnp.mean(jnp.sum(jax.nn.softmax(th[:, 0], -1) * reward, -1))
 
     np.testing.assert_allclose(new - theta, jax.grad(expected_reward)(theta), atol=1e-6)
-    # the group is every action: V members per prompt; reward_mean is their plain mean,
+    # the group is every action: V members per prompt; reward is their plain mean,
     # reward_policy_mean the policy's expected reward Σ_a π_old(a) R(a)
-    np.testing.assert_allclose(metrics["reward_mean"], reward.mean(), rtol=1e-6)
+    np.testing.assert_allclose(metrics["reward"], reward.mean(), rtol=1e-6)
     pi = jax.nn.softmax(theta[:, 0], -1)
     np.testing.assert_allclose(
         metrics["reward_policy_mean"], jnp.mean(jnp.sum(pi * reward, -1)), rtol=1e-5
@@ -106,12 +117,7 @@ def test_exhaustive_forces_the_first_acted_position_and_keeps_the_exact_kl():
     0); a position the reward ignores gets no decision-point gradient, only the KL's."""
     reward = jax.random.uniform(jax.random.PRNGKey(3), (B, V))
     mask = np.array([[0.0, 1.0], [1.0, 0.0], [1.0, 0.0]])
-    theta, policy_logits, sample_prompts, _ = _problem(2, mask, reward)
-
-    def reward_fn(reward_params, data, prompts, tokens, m):
-        first = jnp.where(m[:, None, 0] > 0, tokens[..., 0], tokens[..., 1])
-        return reward[prompts[:, None], first], {}
-
+    theta, policy_logits, sample_prompts, reward_fn = _problem(2, mask, reward)
     ref = jnp.zeros_like(theta)  # uniform reference
     new, metrics = _sgd_step(
         _config(beta=0.5), theta, (policy_logits, sample_prompts, reward_fn), ref
@@ -130,11 +136,13 @@ def test_exhaustive_forces_the_first_acted_position_and_keeps_the_exact_kl():
     assert float(metrics["kl"]) > 0
 
 
-def test_exhaustive_needs_an_exact_kl():
-    with pytest.raises(ValueError, match="group.mode=exhaustive needs an exact KL"):
-        single_step.check_grpo_config(_config(kl="k3"))
+def test_group_settings_are_checked_once_in_the_specs():
+    # A sampled-token KL estimator is fine for forced groups now: the decision point's KL is
+    # exact over V, and the span's later tokens are samples of π_old given the forced first
+    # one (the old single-step step refused k3 for exhaustive groups; the engine does not).
+    EngineSpec.from_config(_config(kl="k3"))
     with pytest.raises(ValueError, match="group.mode='bogus' is unknown"):
-        single_step.check_grpo_config(_config(mode="bogus"))
+        EngineSpec.from_config(_config(mode="bogus"))
 
 
 def test_reward_policy_mean_weights_forced_members_by_pi_old():
@@ -143,22 +151,26 @@ def test_reward_policy_mean_weights_forced_members_by_pi_old():
     ret = np.array([[1.0, 0.0, 0.5], [0.2, 0.4, 0.9]])
     logp0 = np.log(np.array([[0.5, 0.25, 0.25], [0.1, 0.6, 0.3]]))
     mask = np.array([[1.0, 1.0, 1.0], [1.0, 1.0, 0.0]])
+    zeros = jnp.zeros((2, 3, 1))
     part = Part(
-        context=jnp.zeros((2, 0)),
+        prompts=None,
         tokens=jnp.zeros((2, 3, 1), jnp.int32),
+        completion_mask=jnp.ones((2, 3, 1)),
         member_mask=jnp.asarray(mask),
         logp_old=jnp.asarray(logp0)[..., None],
-        advantages=jnp.zeros((2, 3, 1)),
-        action_returns=jnp.zeros((2, 0)),
-        action_mask=jnp.zeros((2, 0)),
         actions=jnp.zeros((2, 0), jnp.int32),
-        ref_logp=jnp.zeros((2, 0)),
+        action_mask=jnp.zeros((2, 0)),
+        ref_logp=jnp.zeros((2, 3, 1, 0)),
         rewards=jnp.asarray(ret)[..., None],
+        returns=jnp.asarray(ret) * mask,
+        advantages=zeros,
+        action_returns=jnp.zeros((2, 0)),
+        valid=jnp.ones((2, 3)),
     )
     row0 = 0.5 * 1.0 + 0.25 * 0.0 + 0.25 * 0.5
     row1 = (0.1 * 0.2 + 0.6 * 0.4) / 0.7
-    forced = group_metrics((part,), (True,), 3)
+    forced = metrics.group_metrics((part,), (True,), 3)
     np.testing.assert_allclose(forced["reward_policy_mean"], (row0 + row1) / 2, rtol=1e-6)
-    sampled = group_metrics((part,), (False,), 3)
-    np.testing.assert_allclose(sampled["reward_policy_mean"], sampled["reward_mean"], rtol=1e-6)
-    np.testing.assert_allclose(sampled["reward_mean"], (1.5 / 3 + 0.6 / 2) / 2, rtol=1e-6)
+    sampled = metrics.group_metrics((part,), (False,), 3)
+    np.testing.assert_allclose(sampled["reward_policy_mean"], sampled["reward"], rtol=1e-6)
+    np.testing.assert_allclose(sampled["reward"], (1.5 / 3 + 0.6 / 2) / 2, rtol=1e-6)

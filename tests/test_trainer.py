@@ -19,8 +19,8 @@ import pytest
 from grpo_jax import checkpoint as ckpt_lib
 from grpo_jax import trainer
 from grpo_jax.config_blocks import load_config
+from grpo_jax.engine import STEP_METRICS
 from grpo_jax.metric_writers import read_metrics
-from grpo_jax.train_step import STEP_METRICS
 
 ROOT = Path(__file__).resolve().parents[1]
 TRAIN_KEYS = STEP_METRICS + ("tokens_per_s",)
@@ -32,28 +32,7 @@ def get_config(arg):
     return load_config("shakespeare", arg)
 
 
-@pytest.fixture(scope="module", autouse=True)
-def fast_compiles(tmp_path_factory):
-    """Cheap XLA compiles + a session-wide persistent cache; restored afterwards."""
-    from jax._src import compilation_cache
-
-    names = (
-        "jax_disable_most_optimizations",
-        "jax_compilation_cache_dir",
-        "jax_persistent_cache_min_compile_time_secs",
-        "jax_persistent_cache_min_entry_size_bytes",
-    )
-    saved = {name: jax.config.values[name] for name in names}
-    cache_dir = tmp_path_factory.getbasetemp() / "jax_compilation_cache"
-    jax.config.update("jax_disable_most_optimizations", True)
-    jax.config.update("jax_compilation_cache_dir", str(cache_dir))
-    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
-    jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
-    compilation_cache.reset_cache()
-    yield
-    for name, value in saved.items():
-        jax.config.update(name, value)
-    compilation_cache.reset_cache()
+pytestmark = pytest.mark.usefixtures("fast_compiles")  # conftest.py
 
 
 def tiny(data_path, mode="exhaustive", num_steps=4, **train):
@@ -79,6 +58,7 @@ class Recorder:
 
             def build(params, **kwargs):
                 step, inputs = real.build(params, **kwargs)
+                step = getattr(step, "fused", step)  # an engine.Step as one function
                 step = wrap_step(step) if wrap_step else step
 
                 @functools.wraps(step)

@@ -9,9 +9,10 @@ The reward is the frozen judge's window logit of the filled window (``judge.rewa
 or its sigmoid, the probability that the window is real (``prob``); nothing else (never the
 original text). The KL is exact,
 per masked position, to the frozen reference generator (the initial generator: ``init_from``
-or a fresh init). The step is grpo_jax.single_step's (the shared objective), so metric
-names match the other tasks'; ``sample_fill_accuracy`` is the share of sampled chars equal to
-the original.
+or a fresh init). The step is the one engine's (grpo_jax/single_step.py adapts the generator:
+a member's completion is its span's chars), so metric names match the other tasks'; the
+zero-weight term ``fill_accuracy`` logs the share of sampled chars equal to the original as
+``rewards/fill_accuracy/mean``.
 
 Modes: ``train_judge`` trains the judge (judge.py) in its own workdir, its "generator"
 negatives sampled by the frozen supervised generator of ``judge.negatives_from`` (a
@@ -42,8 +43,10 @@ from grpo_jax import data as data_lib
 from grpo_jax import judge as judge_lib
 from grpo_jax import single_step
 from grpo_jax.encoder import Encoder
+from grpo_jax.rewards import RewardTerm
+from grpo_jax.specs import EngineSpec, OptimSpec, integer
 from grpo_jax.task import Task
-from grpo_jax.train_step import TrainState, init_state, make_optimizer, supervised_update
+from grpo_jax.train_state import TrainState, init_state, make_optimizer, supervised_update
 
 MODES = ("train", "eval", "train_judge", "pretrain")
 JUDGE_REWARDS = ("prob", "logit")
@@ -66,9 +69,11 @@ def validate(config, mode: str):
         raise ValueError(f"judge.negatives_temperature={j.negatives_temperature} must be > 0")
     if config.judge.reward not in JUDGE_REWARDS:
         raise ValueError(f"judge.reward={config.judge.reward!r} is unknown; choose {JUDGE_REWARDS}")
+    integer("data.window_len", d.window_len, 1)
+    espec = None
     if mode not in ("train_judge", "pretrain"):
-        single_step.check_grpo_config(config)
-    return kinds
+        espec = EngineSpec.from_config(config)
+    return kinds, espec
 
 
 def mask_token(config, vocab: data_lib.Vocab) -> int:
@@ -87,8 +92,8 @@ def mask_token(config, vocab: data_lib.Vocab) -> int:
     return vocab.size
 
 
-def build_fill_in(config, mode: str = "train") -> Task:
-    kinds = validate(config, mode)
+def build(config, mode: str = "train") -> Task:
+    kinds, espec = validate(config, mode)
     d, j = config.data, config.judge
     corpus = data_lib.load_corpus(config.data)
     v = corpus.vocab.size
@@ -106,7 +111,9 @@ def build_fill_in(config, mode: str = "train") -> Task:
     init_generator = lambda key: generator.init(key, jnp.zeros((1, length), jnp.int32))["params"]
 
     if mode == "train_judge":
-        tx, schedule = make_optimizer(config.optim, j.num_steps, j.learning_rate)
+        tx, schedule = make_optimizer(
+            OptimSpec.from_config(config.optim, j.learning_rate), j.num_steps
+        )
         gen_params, gen_fill = None, None
         if "generator" in kinds:  # negatives sampled by a frozen supervised generator
             gen_params = load_generator(j.negatives_from, init_generator(jax.random.PRNGKey(0)))
@@ -148,26 +155,33 @@ def build_fill_in(config, mode: str = "train") -> Task:
     def masked_input(windows, span):
         return jnp.where(span > 0, mask_id, windows).astype(jnp.int32)
 
-    def policy_logits(params, prompts):
-        masked, _ = prompts
+    def policy_logits(params, masked):
         return generator.apply({"params": params}, masked)  # [B, L, V]
 
     def sample_prompts(key, tokens):
         k_win, k_span = jax.random.split(key)
-        windows = judge_lib.random_windows(k_win, tokens, b, length)
+        windows = data_lib.random_windows(k_win, tokens, b, length)
         span = judge_lib.random_spans(k_span, b, length, d.span_min, d.span_max)
-        return (masked_input(windows, span), windows), span
+        start, span_len = single_step.spans_of(span)
+        return single_step.SpanPrompts(
+            masked_input(windows, span), start, span_len, {"window": windows}
+        )
 
     judge_reward = make_judge_reward(judge_model, j.reward)
 
-    def reward_fn(params, tokens_data, prompts, tokens, span):
-        _, windows = prompts
+    def judge_term(params, prompts, tokens, mask, ref):
+        filled = single_step.fill_span(
+            prompts.fields["window"], prompts.start, prompts.length, tokens
+        )
         bb, g, _ = tokens.shape
-        filled = jnp.where(span[:, None] > 0, tokens, windows[:, None])  # [B, G, L]
-        r = judge_reward(params, filled.reshape(bb * g, length)).reshape(bb, g)
-        hit = (tokens == windows[:, None]).astype(jnp.float32)
-        sm = jnp.broadcast_to(span[:, None], tokens.shape)
-        return r, {"sample_fill_accuracy": jnp.sum(hit * sm) / jnp.maximum(sm.sum(), 1.0)}
+        return judge_reward(params, filled.reshape(bb * g, length)).reshape(bb, g)
+
+    def accuracy_term(params, prompts, tokens, mask, ref):
+        pos = single_step.span_positions(prompts.start, tokens.shape[-1], length)
+        original = jnp.take_along_axis(prompts.fields["window"], pos, axis=1)
+        return (tokens == original[:, None]).astype(jnp.float32)  # per char; masked by caller
+
+    terms = (RewardTerm("judge", 1.0, judge_term), RewardTerm("fill_accuracy", 0.0, accuracy_term))
 
     # held-out: fixed val windows and spans (eval.seed: the same for every training seed)
     ev_span = judge_lib.random_spans(
@@ -216,11 +230,13 @@ def build_fill_in(config, mode: str = "train") -> Task:
             lines.append(f"--- masked  : {vocab.decode(np.asarray(ev_in[i]))!r}")
             lines.append(f"    filled  : {vocab.decode(filled[i])!r}")
             lines.append(f"    original: {vocab.decode(val_windows[i])!r}")
-        return scalars, {"samples": "\n".join(lines), "best_char": ""}
+        return scalars, {"samples": "\n".join(lines), "summary": ""}
 
     if mode == "pretrain":
         pc = config.pretrain
-        tx, schedule = make_optimizer(config.optim, pc.num_steps, pc.learning_rate)
+        tx, schedule = make_optimizer(
+            OptimSpec.from_config(config.optim, pc.learning_rate), pc.num_steps
+        )
 
         def build_pretrain(initial_params, mesh=None):  # single-device task: mesh is unused
             return make_pretrain_step(pc, generator, masked_input, tx, schedule, d), train_tokens
@@ -235,24 +251,24 @@ def build_fill_in(config, mode: str = "train") -> Task:
             vocab=vocab,
         )
 
-    mu = int(config.grpo.num_iterations)  # updates per step: the schedule spans them all
-    tx, schedule = make_optimizer(config.optim, config.train.num_steps, updates_per_step=mu)
+    mu = espec.objective.num_iterations  # updates per step: the schedule spans them all
+    optim = OptimSpec.from_config(config.optim)
+    tx, schedule = make_optimizer(optim, config.train.num_steps, updates_per_step=mu)
 
-    def build(initial_params, mesh=None):  # single-device task: mesh is unused
+    def build_step(initial_params, mesh=None):  # single-device task: mesh is unused
         logging.info("fill-in: judge from %s, reference = initial generator", j.checkpoint)
-        fns = (policy_logits, sample_prompts, reward_fn)
-        return single_step.build(
-            config, *fns, tx, schedule, initial_params, train_tokens, judge_params
-        )
+        fns = (policy_logits, v, d.span_max, sample_prompts, terms, tx, schedule)
+        return single_step.build(config, espec, *fns, initial_params, train_tokens, judge_params)
 
     return Task(
         init_params=init_generator,
         make_state=lambda params: init_state(params, tx, config.seed),
-        build=build,
+        build=build_step,
         evaluate=evaluate,
         tokens_per_step=int(b * config.group.size * (d.span_min + d.span_max) / 2),
         num_steps=int(config.train.num_steps),
         vocab=vocab,
+        log_keys=("loss", "reward", "kl", "eval/fill_accuracy"),
     )
 
 
@@ -352,7 +368,7 @@ def make_pretrain_step(pc, generator, masked_input, tx, schedule, d):
     def step(state: TrainState, tokens):
         key = jax.random.fold_in(state.rng, state.step)
         k_win, k_span = jax.random.split(key)
-        windows = judge_lib.random_windows(k_win, tokens, pc.batch_size, length)
+        windows = data_lib.random_windows(k_win, tokens, pc.batch_size, length)
         span = judge_lib.random_spans(k_span, pc.batch_size, length, d.span_min, d.span_max)
         grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
         (loss, acc), grads = grad_fn(state.params, masked_input(windows, span), windows, span)

@@ -15,8 +15,10 @@ Pipeline, all inside the task (seconds on a CPU, deterministic from the seed):
      a ≻ b with probability σ(toy.bt_scale · (p(c, a) - p(c, b))). The true rewards are
      probabilities in [0, 1], so with bt_scale = 1 the labels are close to coin flips; the
      default 10 makes the comparisons informative. Trained in ``build``.
-  3. GRPO through grpo_jax.single_step (the same objective code as every task): G samples per
-     context, reward r_φ (``rm``) or the verifiable 1[v = best token] (``rlvr``).
+  3. GRPO through the one engine (grpo_jax/single_step.py adapts this one-action policy):
+     G samples per context (or every action, ``group.mode=exhaustive``), reward r_φ (``rm``)
+     or the verifiable 1[v = best token] (``rlvr``); the zero-weight terms ``true_reward``
+     and ``sample_accuracy`` are logged as rewards/<term>/mean beside it.
 
 Evaluation is exact (the policy is a V-way softmax per context, no sampling):
   eval/true_reward        Σ_v π(v|c) p(c, v), averaged over contexts (and per context /ctxI)
@@ -35,8 +37,10 @@ import optax
 from absl import logging
 
 from grpo_jax import objective, single_step
+from grpo_jax.rewards import RewardTerm
+from grpo_jax.specs import EngineSpec, OptimSpec, choice, integer
 from grpo_jax.task import Task
-from grpo_jax.train_step import init_state, make_optimizer
+from grpo_jax.train_state import init_state, make_optimizer
 
 REWARDS = ("rm", "rlvr")
 
@@ -150,23 +154,22 @@ def rm_table(rm, params, emb, vocab_size):
     return rm.apply({"params": params}, emb[:, None, :], toks)
 
 
-def validate(config, mode: str):
+def validate(config, mode: str) -> EngineSpec:
     t = config.toy
-    if t.reward not in REWARDS:
-        raise ValueError(f"toy.reward={t.reward!r} is unknown; choose from {', '.join(REWARDS)}")
+    choice("toy.reward", t.reward, REWARDS)
     if mode == "train_judge":
         raise ValueError("task=toy_bandit has no judge; --mode=train_judge is for task=fill_in")
     if mode == "pretrain":
         raise ValueError("task=toy_bandit trains its SFT policy itself; use --mode=train")
-    if min(t.num_contexts, t.context_dim, t.vocab_size, t.hidden) < 1:
-        raise ValueError("toy.num_contexts, context_dim, vocab_size and hidden must be >= 1")
-    if config.train.batch_size < 1 or config.train.num_steps < 0:
-        raise ValueError("train.batch_size must be >= 1 and train.num_steps >= 0")
-    single_step.check_grpo_config(config)
+    for name in ("num_contexts", "context_dim", "vocab_size", "hidden"):
+        integer(f"toy.{name}", t[name], 1)
+    spec = EngineSpec.from_config(config)
+    spec.group.check_vocab(t.vocab_size)
+    return spec
 
 
-def build_toy_bandit(config, mode: str = "train") -> Task:
-    validate(config, mode)
+def build(config, mode: str = "train") -> Task:
+    espec = validate(config, mode)
     t = config.toy
     world_seed = config.seed if t.world_seed < 0 else t.world_seed
     world = ToyWorld(world_seed, t.num_contexts, t.context_dim, t.vocab_size, t.pref_temperature)
@@ -182,20 +185,23 @@ def build_toy_bandit(config, mode: str = "train") -> Task:
 
     def sample_prompts(key, data):
         ctx = jax.random.randint(key, (b,), 0, n)
-        return ctx, jnp.ones((b, 1), jnp.float32)
+        one = jnp.ones((b,), jnp.int32)
+        return single_step.SpanPrompts(ctx, one * 0, one, {})
 
-    def reward_fn(rm_params, data, ctx, tokens, mask):
-        tok = tokens[..., 0]  # [B, G]
-        true = prefs[ctx[:, None], tok]
-        info = {
-            "true_reward": true.mean(),
-            "sample_accuracy": (tok == best[ctx][:, None]).astype(jnp.float32).mean(),
-        }
-        if t.reward == "rlvr":
-            return (tok == best[ctx][:, None]).astype(jnp.float32), info
-        g = tok.shape[1]
-        r = rm.apply({"params": rm_params}, jnp.repeat(emb[ctx][:, None], g, 1), tok)
-        return r, info
+    def action_term(fn):
+        return lambda rm_params, ctx, tokens, mask, ref: fn(rm_params, ctx.inputs, tokens[..., 0])
+
+    def is_best(rm_params, ctx, tok):
+        return (tok == best[ctx][:, None]).astype(jnp.float32)
+
+    def rm_reward(rm_params, ctx, tok):
+        return rm.apply({"params": rm_params}, jnp.repeat(emb[ctx][:, None], tok.shape[1], 1), tok)
+
+    terms = (
+        RewardTerm(t.reward, 1.0, action_term(is_best if t.reward == "rlvr" else rm_reward)),
+        RewardTerm("true_reward", 0.0, action_term(lambda _, ctx, tok: prefs[ctx[:, None], tok])),
+        RewardTerm("sample_accuracy", 0.0, action_term(is_best)),
+    )
 
     def sft(key):
         params, loss = train_sft(policy, world, jax.random.fold_in(key, 1), t.sft)
@@ -248,11 +254,11 @@ def build_toy_bandit(config, mode: str = "train") -> Task:
             f"(optimum {world.prefs[c].max():.4f})"
             for c in range(n)
         ]
-        return s, {"samples": "\n".join(lines), "best_char": ",".join(map(str, res["greedy"]))}
+        return s, {"samples": "\n".join(lines), "summary": f"greedy={res['greedy'].tolist()}"}
 
-    tx, schedule = make_optimizer(
-        config.optim, config.train.num_steps, updates_per_step=int(config.grpo.num_iterations)
-    )
+    mu = espec.objective.num_iterations
+    optim = OptimSpec.from_config(config.optim)
+    tx, schedule = make_optimizer(optim, config.train.num_steps, updates_per_step=mu)
 
     def build(initial_params, mesh=None):  # single-device task: mesh is unused
         rm_params = None
@@ -261,15 +267,18 @@ def build_toy_bandit(config, mode: str = "train") -> Task:
                 rm, world, jax.random.PRNGKey(world_seed + 10_000), t.rm
             )
             logging.info("toy bandit: reward model pairwise accuracy %.4f", pair_acc)
-        fns = (policy_logits, sample_prompts, reward_fn)
-        return single_step.build(config, *fns, tx, schedule, initial_params, None, rm_params)
+        fns = (policy_logits, t.vocab_size, 1, sample_prompts, terms, tx, schedule)
+        return single_step.build(config, espec, *fns, initial_params, None, rm_params)
 
     return Task(
         init_params=init_params,
         make_state=lambda params: init_state(params, tx, config.seed),
         build=build,
         evaluate=evaluate,
-        tokens_per_step=int(b * config.group.size),
+        tokens_per_step=int(
+            b * (t.vocab_size if espec.group.mode == "exhaustive" else espec.group.size)
+        ),
         num_steps=int(config.train.num_steps),
         vocab=None,
+        log_keys=("loss", "reward", "kl", "eval/true_reward"),
     )

@@ -1,0 +1,209 @@
+"""The GRPO step, written once for every task: prompts -> groups -> rewards -> μ optax updates.
+
+purejaxrl-style: ``make_grpo_step(...)`` closes over the static specs and returns pure
+functions; the trainer jits them once with the state donated.
+
+  rollout(state, inputs) -> Batch           sample prompts, collect the groups (groups.py),
+                                            and evaluate the jittable reward terms
+  update(state, inputs, batch, host) -> (state, metrics)
+                                            combine the rewards, score the groups
+                                            (advantages), μ optimizer updates in one
+                                            lax.scan, the non-finite guard, metrics
+
+With only jittable rewards the two run as one program (``Step.fused``) and nothing leaves the
+device. A Python reward on decoded strings (``RewardTerm(host=True)``) splits the step there:
+the trainer runs the jitted rollout, calls ``Step.host`` on the host, then the jitted update.
+
+The step's key is ``fold_in(state.rng, state.step)``, so a resumed run draws exactly what an
+uninterrupted one would, and vmapping the step over states with different ``rng`` trains
+several seeds in one program. π_old is the policy that sampled the batch for all μ updates:
+iteration 0's training forward (the same params) provides its log-probs, which are kept, not
+replaced, for iterations 1..μ-1.
+"""
+
+from collections.abc import Callable
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+from grpo_jax import groups, metrics, rewards
+from grpo_jax.specs import EngineSpec
+from grpo_jax.train_state import StepInputs, TrainState, keep_if_finite
+
+# The per-step metrics every GRPO step returns (the trainer adds tokens_per_s and step_time_s;
+# reward terms add rewards/<term>/mean and /std). Tests and dashboards read these names.
+STEP_METRICS = (
+    "loss",
+    "pg_loss",
+    "kl",
+    "entropy",
+    "reward",
+    "reward_std",
+    "frac_reward_zero_std",
+    "reward_policy_mean",
+    "advantage_var",
+    "clip_ratio/low_mean",
+    "clip_ratio/high_mean",
+    "clip_ratio/region_mean",
+    "ratio_mean",
+    "completions/mean_length",
+    "completions/min_length",
+    "completions/max_length",
+    "completions/clipped_ratio",
+    "num_tokens",
+    "generated_tokens",
+    "grad_norm",
+    "learning_rate",
+)
+
+
+class Batch(NamedTuple):
+    """What the rollout hands to the update (and, for Python rewards, to the host)."""
+
+    parts: tuple  # groups.Part per part
+    device_rewards: tuple  # per part: [n_device_terms, B, K, T] per-token term values
+    info: dict  # group-mode scalars (guided_candidates, adaptive_exhaustive_frac)
+
+
+class Step(NamedTuple):
+    """The step's pure functions; ``host`` is None when every reward is jittable.
+    ``score(batch, host) -> (parts, term values)`` is the update's first stage (rewards,
+    returns, advantages), exposed for tests and diagnostics."""
+
+    rollout: Callable
+    update: Callable
+    host: Callable | None
+    score: Callable
+
+    def fused(self, state, inputs):
+        return self.update(state, inputs, self.rollout(state, inputs), None)
+
+
+def make_grpo_step(
+    spec: EngineSpec,
+    policy,
+    reference,
+    sample_prompts: Callable,
+    reward_terms: tuple,
+    tx,
+    schedule,
+    eos_id: int | None = None,
+    decode: Callable | None = None,
+    member_map=None,
+    shard_batch=None,
+    reward_discount: float = 1.0,
+    per_token_advantages: bool = False,
+) -> Step:
+    """The one GRPO step.
+
+    sample_prompts(key, data) -> prompts (the task's pytree, leading axis B);
+    reward_terms: rewards.RewardTerm s (jittable on token arrays, or Python on strings);
+    decode(prompts, tokens, mask) -> (prompt texts, completion texts, fields): the host
+    side of Python rewards (numpy in, lists out), needed only when one is configured."""
+    g, obj = spec.group, spec.objective
+    forced_flags = g.forced
+    mu = obj.num_iterations
+    collect = groups.make_collect(g, policy, reference, member_map)
+    from grpo_jax.loss import make_loss  # loss imports policy; keep the import graph flat
+
+    loss_fn = make_loss(obj, g, policy, reference is not None)
+    device_terms = tuple(t for t in reward_terms if not t.host)
+    host_terms = tuple(t for t in reward_terms if t.host)
+    if host_terms and decode is None:
+        raise ValueError("a Python reward term needs the task's decode function")
+
+    def rollout(state: TrainState, inputs: StepInputs) -> Batch:
+        key = jax.random.fold_in(state.rng, state.step)
+        k_data, k_roll = jax.random.split(key)
+        prompts = sample_prompts(k_data, inputs.data)
+        if shard_batch is not None:
+            prompts = shard_batch(prompts)
+        parts, info = collect(state.params, inputs.ref_state, prompts, k_roll)
+        parts = jax.lax.stop_gradient(parts)
+        dev = tuple(rewards.device_values(device_terms, inputs.reward_state, p) for p in parts)
+        return Batch(parts, dev, info)
+
+    def host(batch: Batch):
+        """Python rewards of every part, on the host: per part (values, valid) arrays
+        [n_host_terms, B, K]."""
+        out = []
+        for part in batch.parts:  # only what decoding reads crosses to the host
+            prompts, tokens, mask = jax.device_get(
+                (part.prompts, part.tokens, part.completion_mask)
+            )
+            texts = decode(prompts, np.asarray(tokens), np.asarray(mask))
+            out.append(rewards.host_values(host_terms, tokens.shape[:2], *texts))
+        return tuple(out)
+
+    def score(batch: Batch, host_out=None):
+        scored, term_returns = [], {}
+        for i, (part, forced) in enumerate(zip(batch.parts, forced_flags, strict=True)):
+            values, valid = rewards.combine(
+                device_terms, batch.device_rewards[i], host_terms,
+                None if host_out is None else host_out[i], part.token_mask,
+            )  # fmt: skip
+            scored.append(
+                groups.score(
+                    part,
+                    forced,
+                    values["total"],
+                    valid,
+                    g,
+                    obj.advantage_scale,
+                    per_token_advantages,
+                    reward_discount,
+                )  # fmt: skip
+            )
+            term_returns[i] = (values, valid)
+        return tuple(scored), term_returns
+
+    def update(state: TrainState, inputs: StepInputs, batch: Batch, host_out=None):
+        parts, term_returns = score(batch, host_out)
+        grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
+
+        def one_update(carry, i):
+            params, opt_state, old = carry
+            (_, (m, logps)), grads = grad_fn(params, parts, old, i == 0, forced_flags)
+            updates, opt_state = tx.update(grads, opt_state, params)
+            m["grad_norm"] = optax.tree.norm(grads)
+            # π_old stays the sampling policy's: iteration 0's log-probs, never replaced
+            old = jax.tree.map(lambda new, prev: jnp.where(i == 0, new, prev), logps, old)
+            return (optax.apply_updates(params, updates), opt_state, old), m
+
+        old0 = tuple(p.logp_old for p in parts)
+        (params, opt_state, _), ms = jax.lax.scan(
+            one_update, (state.params, state.opt_state, old0), jnp.arange(mu)
+        )
+        out = jax.tree.map(lambda x: x.mean(0), ms)
+        # A non-finite loss must not poison the state: keep the old one, the host stops.
+        finite = jnp.isfinite(out["loss"]) & jnp.isfinite(out["grad_norm"])
+        params = keep_if_finite(finite, params, state.params)
+        opt_state = keep_if_finite(finite, opt_state, state.opt_state)
+        out.update(metrics.group_metrics(parts, forced_flags, policy.vocab_size))
+        out.update(metrics.reward_term_metrics(reward_terms, parts, term_returns))
+        out.update(metrics.completion_metrics(parts, eos_id))
+        out.update(batch.info)
+        out["learning_rate"] = schedule(state.step)
+        tokens = out["num_tokens"] + state.num_tokens
+        out["num_tokens"] = tokens
+        new = state._replace(
+            step=state.step + 1, params=params, opt_state=opt_state, num_tokens=tokens
+        )
+        return new, out
+
+    return Step(rollout, update, host if host_terms else None, score)
+
+
+def prompt_tokens(prompts) -> Any:
+    """Prompt tokens per prompt [B] (float), for num_tokens: the prompt mask's sum when the
+    prompts carry one, else their static width."""
+    mask = getattr(prompts, "mask", None)
+    if mask is not None:
+        return jnp.sum(mask, -1)
+    tokens = getattr(prompts, "tokens", None)
+    width = 0 if tokens is None else tokens.shape[-1]
+    b = jax.tree.leaves(prompts)[0].shape[0]
+    return jnp.full((b,), float(width))

@@ -1,0 +1,133 @@
+"""The step's metrics, computed on device from the scored group parts.
+
+Names follow TRL's GRPOTrainer so that dashboards carry over: ``reward``, ``reward_std``,
+``frac_reward_zero_std``, ``rewards/<term>/mean``, ``rewards/<term>/std``,
+``completions/mean_length``, ``completions/min_length``, ``completions/max_length``,
+``completions/clipped_ratio``, ``clip_ratio/{low,high,region}_mean`` (loss.py), ``kl``,
+``entropy`` and ``num_tokens`` (cumulative, in engine.py). Where the definitions differ:
+
+* ``reward`` is the mean over prompts of each group's mean return (TRL: the mean over all
+  completions; equal when every group has the same number of members), and ``reward_std``
+  the mean over prompts of each group's population std (ddof 0; TRL's std is ddof 1 over the
+  group, see objective.group_advantages).
+* Forced groups (exhaustive, guided) are every first token, not samples of π: their plain
+  mean is not the policy's expected return; ``reward_policy_mean`` weights each member by
+  π_old of its first token, which is.
+
+The framework's own extras: ``reward_policy_mean``, ``reward_spread`` (best minus worst
+member), ``advantage_var``, ``ratio_mean``, ``generated_tokens`` (completion tokens this step)
+and, for exhaustive parts, ``first_token/reward`` and ``first_token/best`` ([V] vectors: the
+mean return of forcing each token and how often it is the group's best; a task's host hook
+may draw them).
+"""
+
+import jax
+import jax.numpy as jnp
+
+from grpo_jax import groups
+
+
+def _prompt_stats(part, forced: bool):
+    """Per-prompt statistics of one part, and the prompts that count."""
+    mm = part.member_mask * part.valid  # members that count and were scored
+    ret = part.returns
+    n = jnp.maximum(mm.sum(1), 1.0)
+    mean = (ret * mm).sum(1) / n
+    std = jnp.sqrt(((ret - mean[:, None]) ** 2 * mm).sum(1) / n)
+    valid = (mm.sum(1) > 0).astype(jnp.float32)
+    big, small = jnp.where(mm > 0, ret, -jnp.inf), jnp.where(mm > 0, ret, jnp.inf)
+    spread = jnp.where(valid > 0, big.max(1) - small.min(1), 0.0)
+    pw = jnp.exp(part.logp_old[..., 0]) * mm if forced else mm
+    policy_mean = (ret * pw).sum(1) / jnp.maximum(pw.sum(1), 1e-30)
+    tm = part.token_mask
+    stats = {
+        "reward": mean,
+        "reward_policy_mean": policy_mean,
+        "reward_std": std,
+        "frac_reward_zero_std": (std < 1e-6).astype(jnp.float32),
+        "reward_spread": spread,
+    }
+    adv_var = jnp.sum(part.advantages**2 * tm) / jnp.maximum(tm.sum(), 1.0)
+    return stats, valid, adv_var
+
+
+def first_token_stats(part, vocab_size: int):
+    """Exhaustive parts: per forced first token, its mean return and how often it is best."""
+    am = part.action_mask
+    rows = jnp.maximum(am.max(1).sum(), 1.0)
+    reward = (part.action_returns * am).sum(0) / rows
+    best_idx = jnp.argmax(jnp.where(am > 0, part.action_returns, -jnp.inf), 1)
+    best = jax.nn.one_hot(best_idx, vocab_size) * am.max(1, keepdims=True)
+    return {"first_token/reward": reward, "first_token/best": best.sum(0) / rows}
+
+
+def group_metrics(parts, forced_flags, vocab_size: int) -> dict:
+    """Reward statistics of the step's groups, weighted over parts by their prompts."""
+    sums, total = {}, 0.0
+    adv_num = adv_den = 0.0
+    out = {}
+    for part, forced in zip(parts, forced_flags, strict=True):
+        stats, valid, adv_var = _prompt_stats(part, forced)
+        w = valid.sum()
+        total = total + w
+        for k, v in stats.items():
+            sums[k] = sums.get(k, 0.0) + jnp.sum(v * valid)
+        tm = part.token_mask.sum()
+        adv_num, adv_den = adv_num + adv_var * tm, adv_den + tm
+        if forced and part.actions.shape[1] == vocab_size:
+            out.update(first_token_stats(part, vocab_size))
+    total = jnp.maximum(total, 1.0)
+    out.update({k: v / total for k, v in sums.items()})
+    out["advantage_var"] = adv_num / jnp.maximum(adv_den, 1.0)
+    return out
+
+
+def reward_term_metrics(terms, parts, term_values) -> dict:
+    """``rewards/<term>/mean`` and ``/std`` of each term's raw (unweighted) return over every
+    member that counts and that the term scored (a term's None is left out)."""
+    out = {}
+    for term in terms:
+        rs, ws = [], []
+        for i, part in enumerate(parts):
+            values, valid = term_values[i]
+            r = groups.sequence_returns(values[term.name], part.token_mask)
+            w = (part.member_mask > 0) & (values[f"{term.name}/valid"] > 0)
+            rs.append(r.reshape(-1))
+            ws.append(w.reshape(-1).astype(jnp.float32))
+        r, w = jnp.concatenate(rs), jnp.concatenate(ws)
+        n = jnp.maximum(w.sum(), 1.0)
+        mean = jnp.sum(r * w) / n
+        out[f"rewards/{term.name}/mean"] = mean
+        out[f"rewards/{term.name}/std"] = jnp.sqrt(jnp.sum((r - mean) ** 2 * w) / n)
+    return out
+
+
+def completion_metrics(parts, eos_id) -> dict:
+    """Completion lengths (tokens up to and including EOS) over the members that count;
+    ``clipped_ratio`` is the share that hit the length limit without EOS (1 for a task with
+    no EOS, whose completions all run to the fixed horizon)."""
+    from grpo_jax.engine import prompt_tokens  # engine imports this module
+
+    lengths, counted, ended, n_prompt = [], [], [], 0.0
+    for part in parts:
+        length = part.completion_mask.sum(-1)
+        mm = part.member_mask > 0
+        if eos_id is None:
+            term = jnp.zeros(length.shape, bool)
+        else:
+            term = jnp.any((part.tokens == eos_id) & (part.completion_mask > 0), -1)
+        lengths.append(length.reshape(-1))
+        counted.append(mm.reshape(-1))
+        ended.append(term.reshape(-1))
+        n_prompt = n_prompt + jnp.sum(prompt_tokens(part.prompts)[:, None] * mm)
+    length, mm, term = (jnp.concatenate(x) for x in (lengths, counted, ended))
+    n = jnp.maximum(mm.sum(), 1)
+    gen = jnp.sum(jnp.where(mm, length, 0.0))
+    return {
+        "completions/mean_length": gen / n,
+        "completions/min_length": jnp.min(jnp.where(mm, length, jnp.inf)),
+        "completions/max_length": jnp.max(jnp.where(mm, length, 0.0)),
+        "completions/clipped_ratio": jnp.sum(mm & ~term) / n,
+        "generated_tokens": gen,
+        "num_tokens": gen + n_prompt,
+    }

@@ -1,0 +1,257 @@
+"""The config, validated once into small frozen specs that the factories take.
+
+Every engine setting has exactly one check here and one error message, naming the field, the
+value and what would be valid; the factories (groups, loss, step, optimizer) receive these
+specs and never look at the config again. Task-specific settings (data, reward, reference,
+judge, ...) are checked by their task's own ``specs(config)`` in grpo_jax/tasks/, the same way.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any
+
+from grpo_jax import objective
+from grpo_jax.rollout import SamplingParams
+
+GROUP_MODES = ("sampled", "exhaustive", "guided", "adaptive")
+ESTIMATORS = ("uniform", "expected")
+GUIDES = ("reference", "policy")
+
+
+def require(ok: bool, field: str, value: Any, valid: str) -> None:
+    """The one shape of a config error: ``field=value`` and what would be valid (a phrase
+    starting "must ..."), e.g. "group.size=1 must be an integer >= 2"."""
+    if not ok:
+        raise ValueError(f"{field}={value!r} {valid}")
+
+
+def choice(field: str, value: Any, choices) -> Any:
+    if value not in choices:
+        raise ValueError(f"{field}={value!r} is unknown; choose from {', '.join(choices)}")
+    return value
+
+
+def integer(field: str, value: Any, low: int = 0) -> int:
+    ok = isinstance(value, int) and not isinstance(value, bool) and value >= low
+    require(ok, field, value, f"must be an integer >= {low}")
+    return int(value)
+
+
+def number(field: str, value: Any, low: float = -math.inf, high: float = math.inf, open_low=False):
+    ok = isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+    ok = ok and (value > low if open_low else value >= low) and value <= high
+    bound = f"({low}" if open_low else f"[{low}"
+    require(ok, field, value, f"must be a finite number in {bound}, {high}]")
+    return float(value)
+
+
+@dataclasses.dataclass(frozen=True)
+class GroupSpec:
+    """How each prompt's group is formed (groups.py)."""
+
+    mode: str
+    size: int  # G of sampled groups (and of adaptive's sampled part)
+    continuations_per_action: int
+    vocab_chunk: int  # rollout members per chunk (0 = all)
+    loss_chunk: int  # training-forward members per chunk (0 = vocab_chunk)
+    train_continuations: bool
+    entropy_threshold: float
+    guide: str
+    guide_top_k: int
+    guide_top_k_confident: int
+    guide_random: int
+    sampling: SamplingParams
+
+    @classmethod
+    def from_config(cls, g) -> GroupSpec:
+        mode = choice("group.mode", g.mode, GROUP_MODES)
+        low = 2 if mode in ("sampled", "adaptive") else 1  # a sampled group needs a baseline
+        sampling = SamplingParams(
+            number("group.temperature", g.temperature, 0.0, open_low=True),
+            integer("group.top_k", g.top_k),
+            number("group.top_p", g.top_p, 0.0, 1.0, open_low=True),
+        )
+        spec = cls(
+            mode=mode,
+            size=integer("group.size", g.size, low),
+            continuations_per_action=integer(
+                "group.continuations_per_action", g.get("continuations_per_action", 1), 1
+            ),
+            vocab_chunk=integer("group.vocab_chunk", g.get("vocab_chunk", 0)),
+            loss_chunk=integer("group.loss_chunk", g.get("loss_chunk", 0)),
+            train_continuations=bool(g.get("train_continuations", True)),
+            entropy_threshold=number("group.entropy_threshold", g.get("entropy_threshold", 0.0)),
+            guide=choice("group.guide", g.get("guide", "policy"), GUIDES),
+            guide_top_k=integer("group.guide_top_k", g.get("guide_top_k", 1), 1),
+            guide_top_k_confident=integer(
+                "group.guide_top_k_confident", g.get("guide_top_k_confident", 1), 1
+            ),
+            guide_random=integer("group.guide_random", g.get("guide_random", 0)),
+            sampling=sampling,
+        )
+        require(
+            spec.guide_top_k_confident <= spec.guide_top_k,
+            "group.guide_top_k_confident",
+            spec.guide_top_k_confident,
+            f"must be <= group.guide_top_k={spec.guide_top_k}",
+        )
+        return spec
+
+    def check_vocab(self, vocab_size: int) -> None:
+        """Relations to the task's vocabulary, checked before anything is built."""
+        require(
+            self.sampling.top_k <= vocab_size,
+            "group.top_k",
+            self.sampling.top_k,
+            f"must be <= the vocabulary size {vocab_size} (0 = off)",
+        )
+        if self.mode == "guided":
+            n = self.guide_top_k + self.guide_random
+            require(
+                n <= vocab_size,
+                "group.guide_top_k",
+                self.guide_top_k,
+                f"must keep guide_top_k + guide_random = {n} <= the vocabulary size {vocab_size}",
+            )
+
+    @property
+    def forced(self) -> tuple[bool, ...]:
+        """Which parts of a collected group are forced (static; see groups.py)."""
+        return {
+            "sampled": (False,),
+            "exhaustive": (True,),
+            "guided": (True,),
+            "adaptive": (False, True),
+        }[self.mode]
+
+
+@dataclasses.dataclass(frozen=True)
+class ObjectiveSpec:
+    """The GRPO loss and the μ updates per batch (loss.py, engine.py)."""
+
+    beta: float
+    epsilon: float
+    epsilon_high: float | None
+    kl_estimator: str
+    loss_agg: str
+    num_iterations: int
+    advantage_scale: str
+    entropy_coef: float
+    exhaustive_estimator: str
+
+    @classmethod
+    def from_config(cls, gr) -> ObjectiveSpec:
+        eps_high = gr.get("epsilon_high")
+        return cls(
+            beta=number("grpo.beta", gr.beta, 0.0),
+            epsilon=number("grpo.epsilon", gr.epsilon, 0.0, 1.0, open_low=True),
+            epsilon_high=None
+            if eps_high is None
+            else number("grpo.epsilon_high", eps_high, 0.0, open_low=True),
+            kl_estimator=choice("grpo.kl_estimator", gr.kl_estimator, objective.KL_CHOICES),
+            loss_agg=choice("grpo.loss_agg", gr.loss_agg, tuple(objective.AGGREGATIONS)),
+            num_iterations=integer("grpo.num_iterations", gr.num_iterations, 1),
+            advantage_scale=choice(
+                "grpo.advantage_scale", gr.advantage_scale, objective.ADVANTAGE_SCALES
+            ),
+            entropy_coef=number("grpo.entropy_coef", gr.get("entropy_coef", 0.0)),
+            exhaustive_estimator=choice(
+                "grpo.exhaustive_estimator", gr.get("exhaustive_estimator", "expected"), ESTIMATORS
+            ),
+        )
+
+
+@dataclasses.dataclass(frozen=True)
+class OptimSpec:
+    learning_rate: float
+    warmup_steps: int
+    end_lr_fraction: float
+    weight_decay: float
+    grad_clip: float
+    b1: float
+    b2: float
+
+    @classmethod
+    def from_config(cls, o, learning_rate=None) -> OptimSpec:
+        lr = o.learning_rate if learning_rate is None else learning_rate
+        return cls(
+            learning_rate=number("optim.learning_rate", lr, 0.0, open_low=True),
+            warmup_steps=integer("optim.warmup_steps", o.warmup_steps),
+            end_lr_fraction=number("optim.end_lr_fraction", o.end_lr_fraction, 0.0, 1.0),
+            weight_decay=number("optim.weight_decay", o.weight_decay, 0.0),
+            grad_clip=number("optim.grad_clip", o.grad_clip, 0.0),
+            b1=number("optim.b1", o.b1, 0.0, 1.0),
+            b2=number("optim.b2", o.b2, 0.0, 1.0),
+        )
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainSpec:
+    """The host loop's sizes and cadences (trainer.py)."""
+
+    batch_size: int
+    num_steps: int
+    log_every: int
+    eval_every: int
+    checkpoint_every: int
+    keep_checkpoints: int
+
+    @classmethod
+    def from_config(cls, t) -> TrainSpec:
+        return cls(
+            batch_size=integer("train.batch_size", t.batch_size, 1),
+            num_steps=integer("train.num_steps", t.num_steps),
+            log_every=integer("train.log_every", t.log_every, 1),
+            eval_every=integer("train.eval_every", t.eval_every, 1),
+            checkpoint_every=integer("train.checkpoint_every", t.checkpoint_every, 1),
+            keep_checkpoints=integer("train.keep_checkpoints", t.keep_checkpoints, 1),
+        )
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelSpec:
+    """The transformer's shape (model.py); the task supplies the vocabulary and window."""
+
+    num_layers: int
+    num_heads: int
+    d_model: int
+    mlp_ratio: int
+    dropout: float
+    dtype: str
+
+    @classmethod
+    def from_config(cls, m) -> ModelSpec:
+        spec = cls(
+            num_layers=integer("model.num_layers", m.num_layers, 1),
+            num_heads=integer("model.num_heads", m.num_heads, 1),
+            d_model=integer("model.d_model", m.d_model, 1),
+            mlp_ratio=integer("model.mlp_ratio", m.mlp_ratio, 1),
+            dropout=number("model.dropout", m.dropout, 0.0, 1.0),
+            dtype=choice("model.dtype", m.dtype, ("float32", "bfloat16", "float16")),
+        )
+        require(
+            spec.d_model % spec.num_heads == 0,
+            "model.d_model",
+            spec.d_model,
+            f"must be divisible by model.num_heads={spec.num_heads}",
+        )
+        return spec
+
+
+@dataclasses.dataclass(frozen=True)
+class EngineSpec:
+    """Everything the one GRPO step needs from the config."""
+
+    group: GroupSpec
+    objective: ObjectiveSpec
+    train: TrainSpec
+
+    @classmethod
+    def from_config(cls, config) -> EngineSpec:
+        return cls(
+            GroupSpec.from_config(config.group),
+            ObjectiveSpec.from_config(config.grpo),
+            TrainSpec.from_config(config.train),
+        )

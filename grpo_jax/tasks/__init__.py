@@ -1,0 +1,22 @@
+"""Tasks as plug-ins: each module builds a ``Task`` (grpo_jax/task.py) from its config.
+
+To add one, write ``grpo_jax/tasks/<name>.py`` with ``build(config, mode) -> Task`` and
+register it below; its config file sets ``config.task = "<name>"``. The trainer and the GRPO
+step know no task by name.
+"""
+
+from grpo_jax.tasks import arithmetic, fill_in, shakespeare, toy_bandit
+
+TASKS = {
+    "shakespeare": shakespeare.build,
+    "toy_bandit": toy_bandit.build,
+    "fill_in": fill_in.build,
+    "arithmetic": arithmetic.build,
+}
+
+
+def build_task(config, mode: str = "train"):
+    """The task ``config.task`` names, built for ``mode``; an unknown name is one line."""
+    if config.task not in TASKS:
+        raise ValueError(f"task={config.task!r} is unknown; choose from {', '.join(TASKS)}")
+    return TASKS[config.task](config, mode)

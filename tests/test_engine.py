@@ -1,0 +1,215 @@
+"""The one GRPO step's contracts, against hand computations: π_old over μ updates, EOS masking
+in the loss, and rows no reward term scored."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+from ml_collections import ConfigDict
+
+from grpo_jax import groups, rewards, single_step
+from grpo_jax.loss import make_loss
+from grpo_jax.model import Transformer, init_params
+from grpo_jax.policy import TokenPrompts, policy_reference, transformer_policy
+from grpo_jax.rewards import RewardTerm
+from grpo_jax.rollout import SamplingParams
+from grpo_jax.specs import EngineSpec, GroupSpec, ObjectiveSpec
+from grpo_jax.train_state import init_state
+
+B, G, V = 3, 4, 5
+
+
+def _config(mu=1, mode="sampled", agg="sequence-mean-token-mean", beta=0.0, kl="k3"):
+    return ConfigDict(
+        {
+            "group": {"mode": mode, "size": G, "temperature": 1.0, "top_k": 0, "top_p": 1.0},
+            "grpo": {
+                "beta": beta,
+                "epsilon": 0.2,
+                "epsilon_high": None,
+                "kl_estimator": kl,
+                "loss_agg": agg,
+                "num_iterations": mu,
+                "advantage_scale": "group",
+                "entropy_coef": 0.0,
+            },
+            "train": {
+                "batch_size": B,
+                "num_steps": 1,
+                "log_every": 1,
+                "eval_every": 1,
+                "checkpoint_every": 1,
+                "keep_checkpoints": 1,
+            },
+        }
+    )
+
+
+def _bandit_step(config, theta, reward, lr):
+    """A tabular one-action policy θ[prompt, 0, action] with reward[prompt, action]."""
+
+    def sample_prompts(key, data):
+        one = jnp.ones((B,), jnp.int32)
+        return single_step.SpanPrompts(jnp.arange(B), one * 0, one, {})
+
+    def table(state, prompts, tokens, mask, ref):
+        return reward[prompts.inputs[:, None], tokens[..., 0]]
+
+    tx = optax.sgd(lr)
+    terms = (RewardTerm("table", 1.0, table),)
+    fns = (lambda p, x: p[x], V, 1, sample_prompts, terms, tx, lambda s: lr)
+    step, inputs = single_step.build(config, EngineSpec.from_config(config), *fns, theta, None)
+    return step, inputs, init_state(theta, tx, 0)
+
+
+def test_mu_updates_keep_the_sampling_policy_as_pi_old():
+    """μ = 3 SGD updates on one batch, by hand: every update's ratio is π_θi / π_θ0 (the policy
+    that sampled the batch), clipped at 1 ± ε. A drifting π_old (θ_{i-1}) lands elsewhere."""
+    theta = jax.random.normal(jax.random.PRNGKey(0), (B, 1, V))
+    reward = jax.random.uniform(jax.random.PRNGKey(1), (B, V))
+    lr, eps = 4.0, 0.2  # large steps: ratios leave the clip window after the first update
+    step, inputs, state = _bandit_step(_config(mu=3), theta, reward, lr)
+    batch = step.rollout(state, inputs)
+    (part,), _ = step.score(batch)
+    tokens = np.asarray(part.tokens[..., 0])  # [B, G]
+    adv = np.asarray(part.advantages[..., 0])
+    new_state, metrics = jax.jit(step.update)(state, inputs, batch)
+
+    def surrogate(th, old_lp):  # written from the definition, not from objective.py
+        lp = jax.nn.log_softmax(th[:, 0], -1)[jnp.arange(B)[:, None], tokens]
+        ratio = jnp.exp(lp - old_lp)
+        return -jnp.mean(jnp.minimum(ratio * adv, jnp.clip(ratio, 1 - eps, 1 + eps) * adv))
+
+    def logp(th):
+        return jax.nn.log_softmax(th[:, 0], -1)[jnp.arange(B)[:, None], tokens]
+
+    def run(drift: bool):
+        th, old = theta, logp(theta)
+        for _ in range(3):
+            th_next = th - lr * jax.grad(surrogate)(th, old)
+            old = logp(th) if drift else old
+            th = th_next
+        return th
+
+    want = run(drift=False)
+    np.testing.assert_allclose(new_state.params, want, atol=1e-5)
+    assert not np.allclose(run(drift=True), want, atol=1e-3)  # the check can fail
+    assert float(metrics["clip_ratio/region_mean"]) > 0  # clipping was active
+
+
+def _tiny_lm():
+    m = Transformer(vocab_size=V, num_layers=1, num_heads=2, d_model=16, max_len=8)
+    return m, init_params(m, jax.random.PRNGKey(2))
+
+
+def test_tokens_after_eos_contribute_nothing():
+    """A sampled part whose first member ends at EOS after 2 of 4 tokens: the loss and its
+    gradient equal a hand computation over the real tokens only (ratio 1 at iteration 0:
+    ∇L = -(1/rows) Σ_rows (1/len_row) Σ_{t < len} Â ∇log π + β ∇ k3 over the same tokens), and
+    do not change whatever the tokens after EOS are."""
+    model, params = _tiny_lm()
+    sp = SamplingParams()
+    policy = transformer_policy(model, sp, 4)
+    ref_params = init_params(model, jax.random.PRNGKey(3))
+    prompts = TokenPrompts(jnp.array([[2, 3, 4]]), None, {})
+    tokens = jnp.array([[[3, 1, 0, 0], [2, 4, 3, 2]]])  # member 0: EOS (1) at t = 1
+    mask = jnp.array([[[1.0, 1.0, 0.0, 0.0], [1.0, 1.0, 1.0, 1.0]]])
+    adv = jnp.array([[0.7, -0.7]])[..., None] * mask
+    ref = policy_reference(policy)
+    spec = EngineSpec.from_config(_config(beta=0.3))
+
+    def part_of(tok):
+        return groups.Part(
+            prompts, tok, mask, jnp.ones((1, 2)), jnp.zeros(tok.shape),
+            jnp.zeros((1, 0), jnp.int32), jnp.zeros((1, 0)), ref.logprobs(ref_params, prompts, tok),
+            mask, jnp.zeros((1, 2)), adv, jnp.zeros((1, 0)), jnp.ones((1, 2)),
+        )  # fmt: skip
+
+    loss_fn = make_loss(spec.objective, spec.group, policy, True)
+
+    def engine_loss(p, tok):
+        part = part_of(tok)
+        return loss_fn(p, (part,), (part.logp_old,), True, (False,))[0]
+
+    def hand_loss(p):
+        total = 0.0
+        for k, n in ((0, 2), (1, 4)):  # member, real tokens
+            seq = jnp.concatenate([prompts.tokens[0], tokens[0, k, : n - 1]])
+            lp = jax.nn.log_softmax(model.apply({"params": p}, seq[None])[0, 2:], -1)
+            rl = jax.nn.log_softmax(model.apply({"params": ref_params}, seq[None])[0, 2:], -1)
+            tok = tokens[0, k, :n]
+            lp_t, rl_t = lp[jnp.arange(n), tok], rl[jnp.arange(n), tok]
+            pg = -jnp.exp(lp_t - jax.lax.stop_gradient(lp_t)) * adv[0, k, 0]
+            d = rl_t - lp_t
+            kl = jnp.exp(d) - d - 1.0
+            total = total + jnp.mean(pg) + 0.3 * jnp.mean(kl)
+        return total / 2
+
+    got, got_grad = jax.value_and_grad(engine_loss)(params, tokens)
+    want, want_grad = jax.value_and_grad(hand_loss)(params)
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+    for a, b in zip(jax.tree.leaves(got_grad), jax.tree.leaves(want_grad), strict=True):
+        np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6)
+    garbage = tokens.at[0, 0, 2:].set(jnp.array([4, 2]))  # other tokens after the EOS
+    other, other_grad = jax.value_and_grad(engine_loss)(params, garbage)
+    np.testing.assert_allclose(other, got, rtol=1e-6)
+    for a, b in zip(jax.tree.leaves(other_grad), jax.tree.leaves(got_grad), strict=True):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-7)
+
+
+def test_a_member_no_term_scored_gets_advantage_zero():
+    """A Python term returning None for a completion: that member is left out of its group's
+    baseline and std and gets advantage 0; the other members are standardised without it."""
+
+    def term(prompts, completions, **_):
+        return [1.0, 0.0, None, 0.5, 0.5, 0.5]
+
+    values, valid = rewards.host_values(
+        (RewardTerm("t", 1.0, term, host=True),), (2, 3), ["p"] * 6, ["c"] * 6, {}
+    )
+    np.testing.assert_array_equal(valid[0], [[1, 1, 0], [1, 1, 1]])
+    mask = jnp.ones((2, 3, 2))
+    combined, ok = rewards.combine(
+        (), None, (RewardTerm("t", 1.0, term, True),), (values, valid), mask
+    )
+    part = groups.Part(
+        None, jnp.zeros((2, 3, 2), jnp.int32), mask, jnp.ones((2, 3)), jnp.zeros((2, 3, 2)),
+        jnp.zeros((2, 0), jnp.int32), jnp.zeros((2, 0)), jnp.zeros((2, 3, 2, 0)),
+        mask * 0, jnp.zeros((2, 3)), mask * 0, jnp.zeros((2, 0)), jnp.ones((2, 3)),
+    )  # fmt: skip
+    spec = GroupSpec.from_config(_config().group)
+    scored = groups.score(part, False, combined["total"], ok, spec, "group", False, 1.0)
+    adv = np.asarray(scored.advantages[..., 0])
+    np.testing.assert_allclose(adv[0], [1.0, -1.0, 0.0], atol=1e-6)  # mean 0.5, std 0.5
+    np.testing.assert_array_equal(adv[1], [0.0, 0.0, 0.0])  # a constant group: no signal
+    assert float(scored.valid[0, 2]) == 0.0
+
+
+def test_a_reward_term_that_fails_is_named_in_one_line():
+    def raises(prompts, completions, **_):
+        raise KeyError("answer")
+
+    def short(prompts, completions, **_):
+        return [1.0]
+
+    for fn, text in ((raises, "raised KeyError"), (short, "returned 1 values for 4")):
+        with pytest.raises(ValueError, match=f"reward term 'mine' {text}") as err:
+            rewards.host_values(
+                (RewardTerm("mine", 1.0, fn, True),), (2, 2), [""] * 4, [""] * 4, {}
+            )
+        assert "\n" not in str(err.value)
+
+
+def test_objective_spec_checks_each_setting_once():
+    base = _config().grpo
+    for field, value, text in (
+        ("beta", -1.0, "grpo.beta=-1.0 must be"),
+        ("epsilon", -0.2, "grpo.epsilon=-0.2 must be"),
+        ("num_iterations", 0, "grpo.num_iterations=0 must be an integer >= 1"),
+        ("loss_agg", "mean", "grpo.loss_agg='mean' is unknown; choose from"),
+    ):
+        bad = ConfigDict(base.to_dict())
+        bad[field] = value
+        with pytest.raises(ValueError, match=text):
+            ObjectiveSpec.from_config(bad)
