@@ -1,4 +1,4 @@
-"""Single-step fill-in on tiny Shakespeare with a judge reward (grpo_jax/fill_in.py).
+"""Single-step fill-in on tiny Shakespeare with a judge reward (grpo_jax/tasks/fill_in.py).
 
 Usage (a supervised generator, a judge trained against its fills, then GRPO against the judge
 from that generator; ~1 + 3 + 2.5 min on 2 CPU cores, see experiments/fill_in.py and
@@ -79,7 +79,7 @@ def get_config(arg=None):
 
     c.group = config_dict.ConfigDict()
     # sampled: k fills per window | exhaustive: every char forced at the span's first position
-    # (exact all-action gradient there; grpo_jax/single_step.py)
+    # (exact all-action gradient there; grpo_jax/loss.py)
     c.group.mode = "sampled"
     # k fills per masked window (the group): 8 x 32 windows cost the judge what 16 x 16 did and
     # see twice the contexts (single-char greedy 0.347 vs 0.340 in the results' ablation)

@@ -1,4 +1,4 @@
-"""GRPO on the toy contextual bandit (grpo_jax/toy_bandit.py): SFT -> reward model -> GRPO.
+"""GRPO on the toy contextual bandit (grpo_jax/tasks/toy_bandit.py): SFT -> reward model -> GRPO.
 
 Usage:
   python -m grpo_jax.main --config=configs/toy_bandit.py:rm --workdir=runs/toy_rm
@@ -53,7 +53,7 @@ def get_config(arg=None):
 
     c.group = config_dict.ConfigDict()
     # sampled: G samples per context | exhaustive: all V actions, each forced, learning by the
-    # exact all-action gradient Σ_a π(a)·Â(a)·∇log π(a) (grpo_jax/single_step.py)
+    # exact all-action gradient Σ_a π(a)·Â(a)·∇log π(a) (grpo_jax/loss.py)
     c.group.mode = mode
     c.group.size = 8 if reward == "rm" else 16  # G samples per context (sampled groups)
     c.group.temperature = 1.0  # sampling temperature (also used for the training log-probs)

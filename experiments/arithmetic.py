@@ -87,8 +87,8 @@ def render(res: dict) -> str:
         f"Device: {res['device']}; jax {res['jax']}; float32. Command: `{res['command']}`.",
         "Held-out: 512 problems disjoint from the 16,000 training problems; greedy accuracy is "
         "exact match of the greedy answer, pass@k the unbiased estimator from 8 samples at "
-        "temperature 1. Step 0 is the warm-up's end (1,000 supervised steps, shared by the modes "
-        "of a seed). Training time excludes evaluations and compilation.",
+        "temperature 1. Step 0 is the warm-up's end (`pretrain.*` of the config, shared by "
+        "the modes of a seed). Training time excludes evaluations and compilation.",
         "",
         "## Greedy accuracy per seed (%)",
         "",

@@ -10,20 +10,16 @@
     0.17 points, more where a window's chars are correlated.
 """
 
-HELD_OUT_KEYS = (
-    "eval/rollout_accuracy",
-    "eval/next_char_accuracy",
-    "eval/true_reward",
-    "eval/fill_accuracy",
-    "eval/accuracy",
-)
-
 
 class Monitor:
-    def __init__(self, diag_cfg):
+    """``heldout_key``: the task's held-out metric for the reward-hacking check (the task names
+    it, Task.heldout_key; "" disables the check)."""
+
+    def __init__(self, diag_cfg, heldout_key: str = ""):
         self.cfg = diag_cfg
+        self.heldout_key = heldout_key
         self.low = self.high = self.kl_over = 0
-        self.prev_eval = None  # (reward_mean, held-out value, key) at the previous evaluation
+        self.prev_eval = None  # (reward, held-out value) at the previous evaluation
         self.reward = None
 
     def update(self, step: int, metrics: dict) -> list[str]:
@@ -53,8 +49,8 @@ class Monitor:
                     f"step {step}: group reward std > {c.reward_std_high} for {c.patience} logged "
                     "steps: noisy rewards; check the reward scale or use larger groups"
                 )
-        key = next((k for k in HELD_OUT_KEYS if k in metrics), None)
-        if key is not None and self.reward is not None:
+        key = self.heldout_key
+        if key and key in metrics and self.reward is not None:
             if self.prev_eval is not None:
                 r0, h0 = self.prev_eval
                 if self.reward > r0 and metrics[key] < h0 - c.heldout_min_drop:

@@ -22,7 +22,7 @@ replaced, for iterations 1..μ-1.
 """
 
 from collections.abc import Callable
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -30,6 +30,7 @@ import numpy as np
 import optax
 
 from grpo_jax import groups, metrics, rewards
+from grpo_jax.loss import make_loss
 from grpo_jax.specs import EngineSpec
 from grpo_jax.train_state import StepInputs, TrainState, keep_if_finite
 
@@ -107,8 +108,6 @@ def make_grpo_step(
     forced_flags = g.forced
     mu = obj.num_iterations
     collect = groups.make_collect(g, policy, reference, member_map)
-    from grpo_jax.loss import make_loss  # loss imports policy; keep the import graph flat
-
     loss_fn = make_loss(obj, g, policy, reference is not None)
     device_terms = tuple(t for t in reward_terms if not t.host)
     host_terms = tuple(t for t in reward_terms if t.host)
@@ -195,15 +194,3 @@ def make_grpo_step(
         return new, out
 
     return Step(rollout, update, host if host_terms else None, score)
-
-
-def prompt_tokens(prompts) -> Any:
-    """Prompt tokens per prompt [B] (float), for num_tokens: the prompt mask's sum when the
-    prompts carry one, else their static width."""
-    mask = getattr(prompts, "mask", None)
-    if mask is not None:
-        return jnp.sum(mask, -1)
-    tokens = getattr(prompts, "tokens", None)
-    width = 0 if tokens is None else tokens.shape[-1]
-    b = jax.tree.leaves(prompts)[0].shape[0]
-    return jnp.full((b,), float(width))

@@ -237,7 +237,7 @@ def make_judge_eval(config, model, val_windows, data: CorruptionData, kinds, see
             f"(pairwise {out['eval/judge_pair_accuracy']:.4f}) on {len(real)} real and "
             f"{int(keep.sum())} corrupted windows"
         )
-        return out, {"samples": text, "best_char": ""}
+        return out, {"samples": text, "summary": ""}
 
     return evaluate
 

@@ -106,8 +106,6 @@ def completion_metrics(parts, eos_id) -> dict:
     """Completion lengths (tokens up to and including EOS) over the members that count;
     ``clipped_ratio`` is the share that hit the length limit without EOS (1 for a task with
     no EOS, whose completions all run to the fixed horizon)."""
-    from grpo_jax.engine import prompt_tokens  # engine imports this module
-
     lengths, counted, ended, n_prompt = [], [], [], 0.0
     for part in parts:
         length = part.completion_mask.sum(-1)
@@ -131,3 +129,15 @@ def completion_metrics(parts, eos_id) -> dict:
         "generated_tokens": gen,
         "num_tokens": gen + n_prompt,
     }
+
+
+def prompt_tokens(prompts) -> jax.Array:
+    """Prompt tokens per prompt [B] (float), for num_tokens: the prompt mask's sum when the
+    prompts carry one, else their static width."""
+    mask = getattr(prompts, "mask", None)
+    if mask is not None:
+        return jnp.sum(mask, -1)
+    tokens = getattr(prompts, "tokens", None)
+    width = 0 if tokens is None else tokens.shape[-1]
+    b = jax.tree.leaves(prompts)[0].shape[0]
+    return jnp.full((b,), float(width))

@@ -41,7 +41,6 @@ def fill_span(window, start, length, tokens):
 
 
 def build(
-    config,
     espec: EngineSpec,
     logits_fn,
     vocab_size: int,

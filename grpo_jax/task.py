@@ -33,3 +33,4 @@ class Task(NamedTuple):
     vocab: Any  # the task's tokenizer (decode) or None
     hooks: Hooks = Hooks()
     log_keys: tuple = ()  # the task's headline metrics for the progress line
+    heldout_key: str = ""  # the held-out metric the reward-hacking diagnostic watches

@@ -138,7 +138,7 @@ def train_and_evaluate(config, workdir: str, mode: str = "train"):
 
 def _loop(config, task, tc, jstep, state, inputs, workdir, ckpt, writer):
     """The host loop: one scalar read per step, metrics at log steps, the cadences."""
-    monitor = diagnostics.Monitor(config.diagnostics)
+    monitor = diagnostics.Monitor(config.diagnostics, task.heldout_key)
     start = int(state.step)
     bar = ProgressBar(task.num_steps, start, config.logging.progress)
     main_process = jax.process_index() == 0

@@ -34,7 +34,7 @@ def test_reward_std_low_and_high_after_patience():
 
 
 def test_reward_hacking_signal():
-    m = Monitor(_cfg())
+    m = Monitor(_cfg(), heldout_key="eval/rollout_accuracy")  # the task names its metric
     m.update(1, {"reward_std": 1.0, "reward": 0.2})
     assert m.update(1, {"eval/rollout_accuracy": 0.30}) == []
     m.update(2, {"reward_std": 1.0, "reward": 0.4})  # reward up ...

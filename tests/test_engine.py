@@ -59,7 +59,7 @@ def _bandit_step(config, theta, reward, lr):
     tx = optax.sgd(lr)
     terms = (RewardTerm("table", 1.0, table),)
     fns = (lambda p, x: p[x], V, 1, sample_prompts, terms, tx, lambda s: lr)
-    step, inputs = single_step.build(config, EngineSpec.from_config(config), *fns, theta, None)
+    step, inputs = single_step.build(EngineSpec.from_config(config), *fns, theta, None)
     return step, inputs, init_state(theta, tx, 0)
 
 

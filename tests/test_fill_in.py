@@ -274,7 +274,7 @@ def captured_template(cfg):
 
 
 def test_pretrain_logs_its_fill_accuracy(gen_dir):
-    """--mode=pretrain goes through train_step.supervised_update but keeps its metric name."""
+    """--mode=pretrain goes through train_state.supervised_update but keeps its metric name."""
     row = [r for r in read_metrics(gen_dir) if "loss" in r][-1]
     assert "train_fill_accuracy" in row and "train_accuracy" not in row
     assert 0.0 <= row["train_fill_accuracy"] <= 1.0 and np.isfinite(row["grad_norm"])

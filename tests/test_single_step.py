@@ -70,7 +70,7 @@ def _sgd_step(config, theta, problem_fns, ref=None):
     tx = optax.sgd(1.0)
     terms = (RewardTerm("table", 1.0, reward_fn),)
     fns = (policy_logits, V, 1, sample_prompts, terms, tx, lambda s: 1.0)
-    step, inputs = single_step.build(config, EngineSpec.from_config(config), *fns, theta, None)
+    step, inputs = single_step.build(EngineSpec.from_config(config), *fns, theta, None)
     if ref is not None:
         inputs = inputs._replace(ref_state=ref)
     state, m = jax.jit(step.fused)(init_state(theta, tx, 0), inputs)

@@ -283,7 +283,7 @@ def validate(config) -> tuple[ProblemSpec, int, int]:
     d = config.data
     spec = ProblemSpec(
         integer("data.max_digits", d.max_digits, 1),
-        choice("data.ops", d.ops, [o for o in ("+", "-", "*", "+-", "+*", "-*", "+-*")]),
+        choice("data.ops", d.ops, ("+", "-", "*", "+-", "+*", "-*", "+-*")),
         integer("data.mul_max_digits", d.mul_max_digits, 1) if d.mul_max_digits else None,
     )
     p, t = max_prompt_len(spec), integer("data.max_completion_length", d.max_completion_length, 1)
@@ -460,4 +460,5 @@ def build(config, mode: str = "train") -> Task:
         num_steps=int(block.num_steps),
         vocab=tok,
         log_keys=("loss", "reward", "completions/mean_length", "eval/accuracy"),
+        heldout_key="eval/accuracy",
     )

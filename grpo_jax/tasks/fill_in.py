@@ -258,7 +258,7 @@ def build(config, mode: str = "train") -> Task:
     def build_step(initial_params, mesh=None):  # single-device task: mesh is unused
         logging.info("fill-in: judge from %s, reference = initial generator", j.checkpoint)
         fns = (policy_logits, v, d.span_max, sample_prompts, terms, tx, schedule)
-        return single_step.build(config, espec, *fns, initial_params, train_tokens, judge_params)
+        return single_step.build(espec, *fns, initial_params, train_tokens, judge_params)
 
     return Task(
         init_params=init_generator,
@@ -269,6 +269,7 @@ def build(config, mode: str = "train") -> Task:
         num_steps=int(config.train.num_steps),
         vocab=vocab,
         log_keys=("loss", "reward", "kl", "eval/fill_accuracy"),
+        heldout_key="eval/fill_accuracy",
     )
 
 

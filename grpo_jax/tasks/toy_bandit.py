@@ -268,7 +268,7 @@ def build(config, mode: str = "train") -> Task:
             )
             logging.info("toy bandit: reward model pairwise accuracy %.4f", pair_acc)
         fns = (policy_logits, t.vocab_size, 1, sample_prompts, terms, tx, schedule)
-        return single_step.build(config, espec, *fns, initial_params, None, rm_params)
+        return single_step.build(espec, *fns, initial_params, None, rm_params)
 
     return Task(
         init_params=init_params,
@@ -281,4 +281,5 @@ def build(config, mode: str = "train") -> Task:
         num_steps=int(config.train.num_steps),
         vocab=None,
         log_keys=("loss", "reward", "kl", "eval/true_reward"),
+        heldout_key="eval/true_reward",
     )
