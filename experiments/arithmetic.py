@@ -55,16 +55,31 @@ def run(seed: int, mode: str, workdir: Path, overrides: dict) -> dict:
     if not (warm / "checkpoints").exists():
         trainer.train_and_evaluate(config, str(warm), "pretrain")
         (warm / "wall_s.txt").write_text(f"{time.perf_counter() - t0:.1f}\n")
-    t_warm = float((warm / "wall_s.txt").read_text())
     config.init_from = str(warm)
     wd = workdir / f"seed{seed}" / mode
     t0 = time.perf_counter()
     trainer.train_and_evaluate(config, str(wd), "train")
+    (wd / "wall_s.txt").write_text(f"{time.perf_counter() - t0:.1f}\n")
+    return collected(seed, mode, workdir)
+
+
+def collected(seed: int, mode: str, workdir: Path) -> dict:
+    """One run's record from its workdir. GRPO's wall time is the run's own measurement
+    (wall_s.txt), or else the span of its files (config.json written after compiling to the
+    last metrics row: compile time excluded), marked as such."""
+    wd = workdir / f"seed{seed}" / mode
+    warm = workdir / f"seed{seed}" / "pretrain" / "wall_s.txt"
+    if (wd / "wall_s.txt").exists():
+        wall, source = float((wd / "wall_s.txt").read_text()), "measured"
+    else:
+        files = wd / "metrics.jsonl", wd / "config.json"
+        wall, source = files[0].stat().st_mtime - files[1].stat().st_mtime, "file times"
     return {
         "seed": seed,
         "mode": mode,
-        "warmup_wall_s": round(t_warm, 1),
-        "grpo_wall_s": round(time.perf_counter() - t0, 1),
+        "warmup_wall_s": round(float(warm.read_text()), 1),
+        "grpo_wall_s": round(wall, 1),
+        "grpo_wall_source": source,
         "curve": curve(wd),
     }
 
@@ -170,6 +185,7 @@ def main():
     ap.add_argument("--name", default="arithmetic")
     ap.add_argument("--note", default="")
     ap.add_argument("--report_only", action="store_true")
+    ap.add_argument("--collect", action="store_true", help="build the JSON from the workdirs")
     ap.add_argument("overrides", nargs="*", help="config overrides key=value (Python literals)")
     args = ap.parse_args()
     out = RESULTS / f"{args.name}.json"
@@ -181,7 +197,11 @@ def main():
         overrides.setdefault("logging.progress", False)
         seeds = [int(s) for s in args.seeds.split(",")]
         modes = args.modes.split(",")
-        runs = [run(s, m, Path(args.workdir), overrides) for s in seeds for m in modes]
+        wd = Path(args.workdir)
+        if args.collect:  # the runs are in the workdirs already (e.g. an interrupted sweep)
+            runs = [collected(s, m, wd) for s in seeds for m in modes]
+        else:
+            runs = [run(s, m, wd, overrides) for s in seeds for m in modes]
         res = {
             "device": f"{jax.devices()[0].device_kind} ({platform.processor() or 'cpu'})",
             "jax": jax.__version__,

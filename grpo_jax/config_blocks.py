@@ -43,6 +43,18 @@ def mesh_block():
     return m
 
 
+def optim_block(learning_rate, warmup_steps=0, end_lr_fraction=0.1, grad_clip=1.0, b2=0.99):
+    o = config_dict.ConfigDict()
+    o.learning_rate = learning_rate  # peak learning rate
+    o.warmup_steps = warmup_steps  # linear warmup, then cosine decay to end_lr_fraction * peak
+    o.end_lr_fraction = end_lr_fraction  # final lr as a fraction of the peak
+    o.weight_decay = 0.0  # AdamW decoupled weight decay
+    o.grad_clip = grad_clip  # global-norm clip (0 = off)
+    o.b1 = 0.9  # Adam beta1
+    o.b2 = b2  # Adam beta2
+    return o
+
+
 def logging_block(tensorboard=True, char_stats_every=0):
     lg = config_dict.ConfigDict()
     lg.tensorboard = tensorboard  # write TensorBoard event files to the workdir
