@@ -154,7 +154,7 @@ def make_grpo_step(
                     obj.advantage_scale,
                     per_token_advantages,
                     reward_discount,
-                )  # fmt: skip
+                )
             )
             term_returns[i] = (values, valid)
         return tuple(scored), term_returns
