@@ -130,8 +130,9 @@ def test_left_padded_prompts_score_like_unpadded_ones(model_params):
     gen = jax.random.randint(jax.random.PRNGKey(8), (1, G, 4), 0, V)
     padded = jnp.concatenate([jnp.full((1, 2), 5), ctx], axis=1)  # 2 pad slots of garbage
     mask = jnp.array([[0.0, 0.0, 1.0, 1.0, 1.0]])
-    _, want = group_logits(m, p, ctx, gen)
-    _, got = group_logits(m, p, padded, gen, mask)
+    forward = jax.jit(lambda *a: group_logits(m, p, *a)[1])
+    want = forward(ctx, gen)
+    got = jax.jit(lambda *a: group_logits(m, p, *a)[1])(padded, gen, mask)
     np.testing.assert_allclose(got, want, atol=1e-5)
     logits, prefix = m.apply({"params": p}, padded, mask, method=Transformer.prefill)
     assert int(prefix.length[0]) == 3
