@@ -6,6 +6,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
+from _engine_config import engine_config
 from ml_collections import ConfigDict
 
 from grpo_jax import groups, rewards, single_step
@@ -21,29 +22,7 @@ B, G, V = 3, 4, 5
 
 
 def _config(mu=1, mode="sampled", agg="sequence-mean-token-mean", beta=0.0, kl="k3"):
-    return ConfigDict(
-        {
-            "group": {"mode": mode, "size": G, "temperature": 1.0, "top_k": 0, "top_p": 1.0},
-            "grpo": {
-                "beta": beta,
-                "epsilon": 0.2,
-                "epsilon_high": None,
-                "kl_estimator": kl,
-                "loss_agg": agg,
-                "num_iterations": mu,
-                "advantage_scale": "group",
-                "entropy_coef": 0.0,
-            },
-            "train": {
-                "batch_size": B,
-                "num_steps": 1,
-                "log_every": 1,
-                "eval_every": 1,
-                "checkpoint_every": 1,
-                "keep_checkpoints": 1,
-            },
-        }
-    )
+    return engine_config(B, G, mode, kl, beta, "group", mu, agg)
 
 
 def _bandit_step(config, theta, reward, lr):

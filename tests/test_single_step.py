@@ -11,7 +11,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
-from ml_collections import ConfigDict
+from _engine_config import engine_config
 
 from grpo_jax import metrics, single_step
 from grpo_jax.groups import Part
@@ -23,29 +23,7 @@ B, V = 3, 5
 
 
 def _config(mode="exhaustive", kl="exact", beta=0.0, scale="none"):
-    return ConfigDict(
-        {
-            "group": {"mode": mode, "size": 4, "temperature": 1.0, "top_k": 0, "top_p": 1.0},
-            "grpo": {
-                "beta": beta,
-                "epsilon": 0.2,
-                "epsilon_high": None,
-                "kl_estimator": kl,
-                "loss_agg": "sequence-mean-token-mean",
-                "num_iterations": 1,
-                "advantage_scale": scale,
-                "entropy_coef": 0.0,
-            },
-            "train": {
-                "batch_size": B,
-                "num_steps": 1,
-                "log_every": 1,
-                "eval_every": 1,
-                "checkpoint_every": 1,
-                "keep_checkpoints": 1,
-            },
-        }
-    )
+    return engine_config(B, 4, mode, kl, beta, scale)
 
 
 def _problem(num_positions, mask, reward_table):
