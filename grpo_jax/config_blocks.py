@@ -1,7 +1,7 @@
 """Config pieces every task's config file shares: variant parsing and the run-plumbing blocks.
 
-The config files in configs/ keep every field that defines an experiment (data, model, group,
-reward, objective, optimizer, schedule) with its own comment; the blocks here are the fields
+The config files in grpo_jax/configs/ keep every field that defines an experiment (data, model,
+group, reward, objective, optimizer, schedule) with its own comment; the blocks here are the fields
 that only say where a run executes and how it reports (mesh, logging, diagnostics), documented
 once so that the three tasks cannot drift apart. Each block takes the values that differ by
 task as arguments.
@@ -12,7 +12,38 @@ from pathlib import Path
 
 from ml_collections import config_dict
 
-CONFIG_DIR = Path(__file__).resolve().parents[1] / "configs"
+CONFIG_DIR = Path(__file__).resolve().parent / "configs"
+
+
+def config_names():
+    """The packaged configs' names (``shakespeare``, ``arithmetic``, ...)."""
+    return sorted(p.stem for p in CONFIG_DIR.glob("*.py") if not p.stem.startswith("_"))
+
+
+def config_path(name: str) -> Path:
+    """The file behind a ``--config`` value without its ``:variant``: a path to a ``.py`` file
+    (from a checkout, as before) or a packaged config's name (works from an installed wheel)."""
+    if name.endswith(".py") or "/" in name or "\\" in name:
+        path = Path(name)
+        if not path.is_file():
+            raise FileNotFoundError(
+                f"no config file {name}; give a packaged config by name "
+                f"({', '.join(config_names())}) or the path of an existing .py file"
+            )
+        return path
+    if name not in config_names():
+        raise FileNotFoundError(
+            f"no packaged config {name!r}; choose from {', '.join(config_names())} "
+            "or give the path of a .py config file"
+        )
+    return CONFIG_DIR / f"{name}.py"
+
+
+def resolve_config_flag(value: str) -> str:
+    """``--config``'s value as config_flags wants it (``path[:variant]``): a packaged name is
+    turned into its file's path, a path is checked to exist, the variant is kept."""
+    name, sep, variant = value.partition(":")
+    return f"{config_path(name)}{sep}{variant}"
 
 
 def variant_tokens(arg, allowed, config_file):
@@ -82,10 +113,11 @@ def diagnostics_block(
 def load_config(name: str, variant: str = "", **overrides):
     """A config file's ``get_config(variant)`` with dotted-key overrides, outside absl flags
     (tests, notebooks, experiment scripts): ``load_config("toy_bandit", "rlvr",
-    **{"train.num_steps": 50})``. ``name`` is a file of configs/ or a path to a .py file."""
-    path = Path(name) if name.endswith(".py") else CONFIG_DIR / f"{name}.py"
-    if not path.is_file():
-        raise FileNotFoundError(f"no config file {path}; is the package installed from a checkout?")
+    **{"train.num_steps": 50})``. ``name`` is a packaged config's name (``"toy_bandit"``, or
+    ``"toy_bandit:rlvr"`` with its variant) or a path to a .py file."""
+    if ":" in name and not variant:
+        name, variant = name.split(":", 1)
+    path = config_path(name)
     spec = importlib.util.spec_from_file_location(f"_grpo_config_{path.stem}", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)

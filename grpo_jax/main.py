@@ -1,9 +1,13 @@
-r"""Entry point: parse flags, then hand over to the library.
+r"""Entry point (``grpo-jax``, or ``python -m grpo_jax.main``): parse flags, call the library.
 
-  python -m grpo_jax.main --config=configs/shakespeare.py --workdir=runs/exh
-  python -m grpo_jax.main --config=configs/shakespeare.py:sampled --config.train.num_steps=200 \
+  grpo-jax --config=shakespeare --workdir=runs/exh
+  grpo-jax --config=shakespeare:sampled --config.train.num_steps=200 \
       --config.init_from=runs/pretrain --workdir=runs/sampled
-  python -m grpo_jax.main --config=configs/shakespeare.py --mode=pretrain --workdir=runs/pretrain
+  grpo-jax --config=shakespeare --mode=pretrain --workdir=runs/pretrain
+  python -m grpo_jax.main --config=configs/shakespeare.py   # from a checkout, by path
+
+``--config`` is a packaged config's name (grpo_jax/configs/) or a .py file's path, either with
+``:variant`` tokens.
 
 Modes: train (GRPO), pretrain (supervised next-char), eval (held-out metrics of the latest
 checkpoint), sample (print greedy continuations), train_judge (tasks that have a judge).
@@ -17,10 +21,14 @@ import sys
 from absl import app, flags, logging
 from ml_collections import config_flags
 
+from grpo_jax import config_blocks
+
 MODES = ("train", "pretrain", "eval", "sample", "train_judge")
 
 FLAGS = flags.FLAGS
-config_flags.DEFINE_config_file("config", None, "Config file (path[:variant,...]).")
+config_flags.DEFINE_config_file(
+    "config", None, "A packaged config's name or a config file's path, then :variant,... tokens."
+)
 flags.DEFINE_string("workdir", "runs/default", "Where checkpoints, metrics and logs go.")
 flags.DEFINE_string("mode", "train", f"One of {', '.join(MODES)}.")
 
@@ -80,13 +88,30 @@ def main(argv):
         _fail(str(e).splitlines()[0] if str(e) else type(e).__name__)
 
 
-def _entry():
+def _resolve_config_args(argv):
+    """``--config=NAME[:variant]`` → the packaged file's path, which config_flags needs; a
+    missing name or file is one line here instead of config_flags' ~50-line traceback."""
+    out = list(argv)
+    for i, arg in enumerate(out):
+        if arg.startswith("--config="):
+            out[i] = "--config=" + config_blocks.resolve_config_flag(arg[len("--config=") :])
+        elif arg == "--config" and i + 1 < len(out):
+            out[i + 1] = config_blocks.resolve_config_flag(out[i + 1])
+    return out
+
+
+def cli():
+    """The console script ``grpo-jax``."""
     flags.mark_flags_as_required(["config"])
     # jax narrates its backend probe ("Unable to initialize backend 'tpu'") at INFO, which
     # absl prints to stderr; keep stderr to our own lines (and one line on an error).
     std_logging.getLogger("jax._src.xla_bridge").setLevel(std_logging.WARNING)
     try:
-        app.run(main, flags_parser=_parse_flags)
+        argv = _resolve_config_args(sys.argv)
+    except FileNotFoundError as e:
+        _fail(str(e))
+    try:
+        app.run(main, argv=argv, flags_parser=_parse_flags)
     except Exception as e:  # a config file's get_config() raising (unknown variant, ...)
         if isinstance(e, ValueError | FileNotFoundError):
             print(f"error: {str(e).splitlines()[0]}", file=sys.stderr)
@@ -95,4 +120,4 @@ def _entry():
 
 
 if __name__ == "__main__":
-    _entry()
+    cli()

@@ -1,6 +1,5 @@
 """Fill-in with a judge: refusal checks, judge training, frozen judge/reference, metrics."""
 
-import importlib.util
 from pathlib import Path
 
 import jax
@@ -12,6 +11,7 @@ from grpo_jax import checkpoint as ckpt_lib
 from grpo_jax import data as data_lib
 from grpo_jax import judge as judge_lib
 from grpo_jax import sharding, trainer
+from grpo_jax.config_blocks import load_config
 from grpo_jax.encoder import Encoder
 from grpo_jax.engine import STEP_METRICS as TRAIN_STEP_METRICS
 from grpo_jax.metric_writers import read_metrics
@@ -23,10 +23,7 @@ STEP_METRICS = TRAIN_STEP_METRICS + ("rewards/fill_accuracy/mean",)
 
 
 def get_config(arg="tiny"):
-    spec = importlib.util.spec_from_file_location("fill_cfg", ROOT / "configs/fill_in.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod.get_config(arg)
+    return load_config("fill_in", arg)
 
 
 @pytest.fixture(scope="module")

@@ -8,8 +8,8 @@ import numpy as np
 import optax
 import pytest
 
-from configs.shakespeare import get_config
 from grpo_jax import engine, groups, rewards
+from grpo_jax.configs.shakespeare import get_config
 from grpo_jax.data import load_corpus
 from grpo_jax.data import sample_windows as load_corpus_windows
 from grpo_jax.loss import make_loss as make_loss_from_specs

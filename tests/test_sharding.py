@@ -20,6 +20,7 @@ import pytest
 from ml_collections import config_dict
 
 from grpo_jax import sharding
+from grpo_jax.config_blocks import load_config
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _sharding_check import param_diff
@@ -173,13 +174,10 @@ def test_entry_point_meshes_and_checkpoint_across_meshes(env8, tmp_path):
 
 def test_vmapped_seeds_equal_separate_runs(shakespeare_path, monkeypatch):
     monkeypatch.setenv("GRPO_JAX_DATA", str(shakespeare_path))
-    sys.path.insert(0, str(ROOT / "configs"))
-    import shakespeare
-
     from grpo_jax import tasks as task_lib
     from grpo_jax import trainer
 
-    config = shakespeare.get_config("sampled,tiny")
+    config = load_config("shakespeare", "sampled,tiny")
     task = task_lib.build_task(config, "train")
     params0 = trainer.initial_params(config, task)
     step_fn, inputs = task.build(params0)
