@@ -18,10 +18,11 @@ from grpo_jax import config_blocks as blocks
 
 GROUP_MODES = ("sampled", "exhaustive")
 OTHER = ("jax", "tiny")
+VARIANTS = GROUP_MODES + OTHER  # the tokens get_config(arg) accepts, comma-separated
 
 
 def get_config(arg=None):
-    tokens = blocks.variant_tokens(arg, GROUP_MODES + OTHER, "arithmetic")
+    tokens = blocks.variant_tokens(arg, VARIANTS, "arithmetic")
     mode = blocks.pick_one(tokens, GROUP_MODES, "sampled", "group modes")
 
     c = config_dict.ConfigDict()
@@ -95,7 +96,7 @@ def get_config(arg=None):
     c.train.keep_checkpoints = 2  # checkpoints kept by the CheckpointManager
 
     c.eval = config_dict.ConfigDict()
-    c.eval.pass_k = (1, 8)  # eval/pass@k, unbiased from max(pass_k) samples per problem
+    c.eval.pass_k = (1, 8)  # eval/pass_at_k, unbiased from max(pass_k) samples per problem
     c.eval.temperature = 1.0  # sampling temperature of the pass@k samples
     c.eval.seed = 0  # key of the pass@k samples (the same for every run)
     c.eval.num_samples = 5  # greedy held-out answers written to samples.txt per evaluation

@@ -34,10 +34,11 @@ from ml_collections import config_dict
 from grpo_jax import config_blocks as blocks
 
 SIZES = ("full", "tiny")
+VARIANTS = SIZES  # the tokens get_config(arg) accepts, comma-separated
 
 
 def get_config(arg=None):
-    tokens = blocks.variant_tokens(arg, SIZES, "fill_in")
+    tokens = blocks.variant_tokens(arg, VARIANTS, "fill_in")
 
     c = config_dict.ConfigDict()
     c.task = "fill_in"  # which task plug-in runs (grpo_jax/tasks/__init__.py TASKS)
@@ -124,7 +125,7 @@ def get_config(arg=None):
     # held-out windows (fixed, with fixed spans) per evaluation: with 512 (~1000 masked chars)
     # greedy accuracy moved by ±0.01 between evaluations of one run, as large as the effects
     c.eval.num_windows = 4096
-    c.eval.pass_k = (1, 4)  # k values for eval/pass@k (whole span restored in k samples)
+    c.eval.pass_k = (1, 4)  # k values for eval/pass_at_k (whole span restored in k samples)
     c.eval.num_samples = 3  # masked / filled / original triples written to samples.txt
     c.eval.seed = 0  # seed of the held-out spans (fixed, whatever the training seed)
 

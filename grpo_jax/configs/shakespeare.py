@@ -16,10 +16,11 @@ from grpo_jax import config_blocks as blocks
 
 GROUP_MODES = ("exhaustive", "sampled", "guided", "adaptive")
 SIZES = ("full", "tiny")
+VARIANTS = GROUP_MODES + SIZES  # the tokens get_config(arg) accepts, comma-separated
 
 
 def get_config(arg=None):
-    tokens = blocks.variant_tokens(arg, GROUP_MODES + SIZES, "shakespeare")
+    tokens = blocks.variant_tokens(arg, VARIANTS, "shakespeare")
     mode = blocks.pick_one(tokens, GROUP_MODES, "exhaustive", "group modes")
 
     c = config_dict.ConfigDict()
@@ -134,7 +135,7 @@ def get_config(arg=None):
     # standard error near 0.2 points, small enough to compare with the n-gram baselines)
     c.eval.num_windows = 1024
     c.eval.batch_size = 64  # windows per eval forward
-    c.eval.pass_k = (1, 4)  # k values for eval/pass@k (first char right in k samples)
+    c.eval.pass_k = (1, 4)  # k values for eval/pass_at_k (first char right in k samples)
     c.eval.num_samples = 3  # decoded samples written to samples.txt per evaluation
     # n-gram orders whose accuracy on the same eval windows is logged as
     # eval/ngram{k}_next_char_accuracy (fitted on the train split; () = none)

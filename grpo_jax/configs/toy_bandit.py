@@ -20,10 +20,11 @@ from grpo_jax import config_blocks as blocks
 REWARDS = ("rm", "rlvr")
 GROUP_MODES = ("sampled", "exhaustive")
 SIZES = ("tiny",)
+VARIANTS = REWARDS + GROUP_MODES + SIZES  # the tokens get_config(arg) accepts, comma-separated
 
 
 def get_config(arg=None):
-    tokens = blocks.variant_tokens(arg, REWARDS + GROUP_MODES + SIZES, "toy_bandit")
+    tokens = blocks.variant_tokens(arg, VARIANTS, "toy_bandit")
     reward = blocks.pick_one(tokens, REWARDS, "rm", "rewards")
     mode = blocks.pick_one(tokens, GROUP_MODES, "sampled", "group modes")
 
@@ -88,7 +89,7 @@ def get_config(arg=None):
     c.train.keep_checkpoints = 1  # checkpoints kept by the CheckpointManager
 
     c.eval = config_dict.ConfigDict()
-    c.eval.pass_k = (1, 4)  # k values for eval/pass@k (best token among k samples, exact)
+    c.eval.pass_k = (1, 4)  # k values for eval/pass_at_k (best token among k samples, exact)
 
     c.mesh = blocks.mesh_block()  # the toy runs on one device
     c.logging = blocks.logging_block(tensorboard=False)

@@ -1,0 +1,107 @@
+"""Every field of a config with its value and the comment it has in the config file.
+
+``grpo-jax --config=NAME --mode=print_config`` prints this. The comments are read from the
+source, so they cannot drift from the file: a field's comment is the trailing ``# ...`` of the
+line that assigns it, or the comment lines directly above that line (the config files use both,
+the second for comments too long for one line). Fields that a shared block of
+``config_blocks`` builds (``c.mesh = blocks.mesh_block()``) take their comments from that block's
+function. ``tests/test_config_doc.py`` holds every packaged config to a comment on every field.
+"""
+
+from __future__ import annotations
+
+import ast
+import io
+import tokenize
+from pathlib import Path
+
+from grpo_jax import config_blocks
+
+
+def _comments_by_line(source: str) -> dict[int, str]:
+    """{line number: comment text without '#'} for every comment in ``source``."""
+    out = {}
+    for tok in tokenize.generate_tokens(io.StringIO(source).readline):
+        if tok.type == tokenize.COMMENT:
+            out[tok.start[0]] = tok.string.lstrip("#").strip()
+    return out
+
+
+def _attribute_path(node) -> list[str] | None:
+    """``c.group.size`` → ["group", "size"] (the root variable dropped); None for other targets."""
+    names = []
+    while isinstance(node, ast.Attribute):
+        names.append(node.attr)
+        node = node.value
+    return names[::-1] if isinstance(node, ast.Name) and names else None
+
+
+def _comment_for(node, lines: list[str], comments: dict[int, str]) -> str:
+    """The assignment's trailing comment, else the run of comment-only lines right above it."""
+    if node.end_lineno in comments:
+        return comments[node.end_lineno]
+    above, line = [], node.lineno - 1
+    while line >= 1 and lines[line - 1].strip().startswith("#"):
+        above.append(comments[line])
+        line -= 1
+    return " ".join(reversed(above))
+
+
+def _assignments(source: str):
+    """(dotted path, comment, the assigned value node) for every ``x.a.b = ...`` in ``source``,
+    with the enclosing top-level function's name."""
+    tree, lines, comments = ast.parse(source), source.splitlines(), _comments_by_line(source)
+    for func in tree.body:
+        if not isinstance(func, ast.FunctionDef):
+            continue
+        for node in ast.walk(func):
+            if isinstance(node, ast.Assign) and len(node.targets) == 1:
+                path = _attribute_path(node.targets[0])
+                if path:
+                    yield func.name, ".".join(path), _comment_for(node, lines, comments), node.value
+
+
+def field_comments(config_file: str | Path) -> dict[str, str]:
+    """{dotted field: comment} for a config file, blocks included; the first non-empty comment
+    of a field wins (variants re-assign fields without repeating the comment)."""
+    blocks_source = Path(config_blocks.__file__).read_text()
+    block_fields: dict[str, dict[str, str]] = {}
+    for func, path, comment, _ in _assignments(blocks_source):
+        block_fields.setdefault(func, {}).setdefault(path, comment)
+    out: dict[str, str] = {}
+    for _, path, comment, value in _assignments(Path(config_file).read_text()):
+        if comment and not out.get(path):
+            out[path] = comment
+        out.setdefault(path, "")
+        called = value.func if isinstance(value, ast.Call) else None
+        if isinstance(called, ast.Attribute) and called.attr in block_fields:
+            for field, field_comment in block_fields[called.attr].items():
+                out.setdefault(f"{path}.{field}", field_comment)
+    return out
+
+
+def leaves(config, prefix: str = ""):
+    """(dotted name, value) for every leaf field of a ConfigDict, in insertion order."""
+    for key, value in config.items():
+        name = f"{prefix}{key}"
+        if hasattr(value, "items"):
+            yield from leaves(value, name + ".")
+        else:
+            yield name, value
+
+
+def describe(config, config_file: str | Path) -> str:
+    """The printable listing: ``name = value  # comment``, one field a line, grouped by block."""
+    comments = field_comments(config_file)
+    # Top-level fields (task, seed, ...) first, then one block after another.
+    rows = sorted(leaves(config), key=lambda row: "." in row[0])
+    width = max(len(f"{name} = {value!r}") for name, value in rows)
+    out, block = [], None
+    for name, value in rows:
+        if name.split(".")[0] != block and "." in name:
+            block = name.split(".")[0]
+            out.append(f"\n[{block}]  {comments.get(block, '')}".rstrip())
+        text = f"{name} = {value!r}"
+        comment = comments.get(name, "(no comment in the config file)")
+        out.append(f"{text.ljust(width)}  # {comment}")
+    return "\n".join(out).lstrip("\n")
