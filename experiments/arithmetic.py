@@ -24,11 +24,11 @@ import numpy as np
 
 from grpo_jax import trainer
 from grpo_jax.config_blocks import load_config
-from grpo_jax.metric_writers import read_metrics
+from grpo_jax.metric_writers import current_names, read_metrics
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "experiments" / "results"
-EVAL_KEYS = ("eval/accuracy", "eval/pass@1", "eval/pass@8", "eval/mean_length")
+EVAL_KEYS = ("eval/accuracy", "eval/pass_at_1", "eval/pass_at_8", "eval/mean_length")
 
 
 def curve(workdir: Path) -> list[dict]:
@@ -118,8 +118,8 @@ def render(res: dict) -> str:
             lines.append(
                 f"| {s} | {mode} | {100 * c0['eval/accuracy']:.1f} | "
                 f"{100 * c1['eval/accuracy']:.1f} | {lift:+.1f} | "
-                f"{100 * c0['eval/pass@1']:.1f} → {100 * c1['eval/pass@1']:.1f} | "
-                f"{100 * c0['eval/pass@8']:.1f} → {100 * c1['eval/pass@8']:.1f} | "
+                f"{100 * c0['eval/pass_at_1']:.1f} → {100 * c1['eval/pass_at_1']:.1f} | "
+                f"{100 * c0['eval/pass_at_8']:.1f} → {100 * c1['eval/pass_at_8']:.1f} | "
                 f"{r['warmup_wall_s']:.0f} + {r['grpo_wall_s']:.0f} s |"
             )
     lines += ["", "## Mean ± std over seeds (%)", ""]
@@ -133,8 +133,8 @@ def render(res: dict) -> str:
         lines.append(
             f"| {mode} | {mean_std(acc0)} | {mean_std(acc1)} | "
             f"{mean_std(np.subtract(acc1, acc0))} | "
-            f"{mean_std([c['eval/pass@1'] for c in last])} | "
-            f"{mean_std([c['eval/pass@8'] for c in last])} |"
+            f"{mean_std([c['eval/pass_at_1'] for c in last])} | "
+            f"{mean_std([c['eval/pass_at_8'] for c in last])} |"
         )
     if len(modes) > 1:
         lines += ["", "## Sampled vs exhaustive first token", ""]
@@ -190,7 +190,7 @@ def main():
     args = ap.parse_args()
     out = RESULTS / f"{args.name}.json"
     if args.report_only:
-        res = json.loads(out.read_text())
+        res = current_names(json.loads(out.read_text()))  # eval/pass@k in old files
     else:
         # config overrides as Python literals (numbers, booleans, strings in quotes)
         overrides = {k: ast.literal_eval(v) for k, v in (o.split("=", 1) for o in args.overrides)}

@@ -22,8 +22,8 @@ EVAL_KEYS = (
     "eval/judge_reward",
     "eval/fill_accuracy",
     "eval/sampled_fill_accuracy",
-    "eval/pass@1",
-    "eval/pass@4",
+    "eval/pass_at_1",
+    "eval/pass_at_4",
 )
 WHY = """Why: a judge trained against the generator's own samples estimates
 logit ≈ log p_data(fill) / π_ref(fill) + const, and the KL-regularised optimum of

@@ -4,7 +4,7 @@ Metrics (N windows of C context chars + H target chars):
   eval/next_char_accuracy  teacher-forced argmax accuracy on the H target positions
   eval/val_loss            teacher-forced cross-entropy, nats/char, on the same positions
   eval/rollout_accuracy    a greedy rollout's per-char match with the true continuation
-  eval/pass@k              P(at least one of k first-char samples is right) = E[1 - (1 - π(y0))^k],
+  eval/pass_at_k           P(at least one of k first-char samples is right) = E[1 - (1 - π(y0))^k],
                            computed exactly from the policy instead of by sampling
   eval/best_char_frac      share of windows whose greedy first char is the most frequent one;
                            the char itself is returned as text (a collapse onto ' ' is visible)
@@ -60,7 +60,7 @@ def make_eval_fn(model: Transformer, context_len: int, horizon: int, batch_size:
             "greedy": out["greedy"],
         }
         for k in pass_k:
-            res[f"eval/pass@{k}"] = jnp.mean(1.0 - (1.0 - out["p0"]) ** k)
+            res[f"eval/pass_at_{k}"] = jnp.mean(1.0 - (1.0 - out["p0"]) ** k)
         return res
 
     return evaluate

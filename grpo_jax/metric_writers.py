@@ -6,6 +6,15 @@ crash. Non-finite values are written as the strings ``"nan"``, ``"inf"`` and
 ``"-inf"`` (strict JSON has no NaN literal, and unlike ``null`` the strings
 keep which non-finite value it was); ``read_metrics`` turns them back into
 floats. Only process 0 writes; on other processes every method is a no-op.
+
+Scalar and image names must be legal TensorBoard tags (letters, digits, ``_ - . /``,
+no leading ``/``): TensorBoard would silently rename any other name (``eval/pass@1``
+became ``eval/pass_1``), so the dashboard and ``metrics.jsonl`` would disagree. Such a
+name is refused with one error instead, whichever sinks are on.
+
+``ProgressBar`` draws a tqdm bar on a terminal (or in a notebook) and otherwise, in a
+log file, writes one plain line per log step: a bar's carriage-return redraws would
+turn a log into one endless line with the other log lines glued onto it.
 """
 
 from __future__ import annotations
@@ -14,6 +23,8 @@ import json
 import math
 import os
 import re
+import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +34,36 @@ from absl import logging
 
 _NON_FINITE = {"nan": math.nan, "inf": math.inf, "-inf": -math.inf}
 _warned_no_wandb = False
+# The characters tensorboardX keeps in a tag (summary._INVALID_TAG_CHARACTERS); it
+# replaces any other with "_" and strips a leading "/".
+_TB_ILLEGAL = re.compile(r"[^-/\w.]")
+
+
+# pass@k was renamed pass_at_k (TensorBoard logged it as pass_k); older workdirs and
+# result files still carry it.
+_OLD_PASS_AT = re.compile(r"pass@(\d+)")
+
+
+def current_names(obj: Any) -> Any:
+    """``obj`` (a metrics row, or a JSON summary of them) with today's metric names:
+    dict keys ``...pass@k`` become ``...pass_at_k``, at any depth."""
+    if isinstance(obj, dict):
+        return {_OLD_PASS_AT.sub(r"pass_at_\1", k): current_names(v) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [current_names(v) for v in obj]
+    return obj
+
+
+def check_name(name: str) -> str:
+    """Returns ``name`` if TensorBoard keeps it as is, else raises ValueError."""
+    if not isinstance(name, str) or not name or _TB_ILLEGAL.search(name) or name[0] == "/":
+        legal = _TB_ILLEGAL.sub("_", str(name)).lstrip("/") or "x"
+        raise ValueError(
+            f"metric name {name!r} is not a legal TensorBoard tag (letters, digits, "
+            f"'_-./', no leading '/'); TensorBoard would log it as {legal!r}, unlike "
+            f"metrics.jsonl: rename it, e.g. to {legal!r}"
+        )
+    return name
 
 
 def _to_json_number(value: float) -> float | str:
@@ -100,8 +141,9 @@ class MetricWriter:
         if "step" in scalars:
             raise ValueError("'step' is reserved in metrics; rename that scalar")
         step = int(step)
-        # float(np.asarray(...)) accepts Python, NumPy and (device) JAX scalars.
-        values = {k: float(np.asarray(v)) for k, v in scalars.items()}
+        # float(np.asarray(...)) accepts Python, NumPy and (device) JAX scalars. Names are
+        # checked before anything is written: a refused row leaves no partial trace.
+        values = {check_name(k): float(np.asarray(v)) for k, v in scalars.items()}
         row = {"step": step, **{k: _to_json_number(v) for k, v in values.items()}}
         self._jsonl.write(json.dumps(row, allow_nan=False) + "\n")
         self._jsonl.flush()  # A crash must not lose logged rows.
@@ -131,6 +173,7 @@ class MetricWriter:
         """Logs an HWC image (uint8, or float in [0, 1]) or an image file, e.g. a figure."""
         if not self.enabled:
             return
+        check_name(name)
         if isinstance(path_or_array, (str, os.PathLike)):
             import matplotlib.image
 
@@ -179,7 +222,8 @@ def read_metrics(path: str | os.PathLike) -> list[dict[str, Any]]:
     """Reads ``metrics.jsonl`` (or a workdir containing it) back into a list of rows.
 
     ``"nan"``/``"inf"``/``"-inf"`` strings become floats again. A line cut short
-    by a crash mid-write is skipped with a warning rather than failing the read.
+    by a crash mid-write is skipped with a warning rather than failing the read. Old
+    names get today's (``current_names``), so an old workdir reads like a new one.
     """
     path = Path(path)
     if path.is_dir():
@@ -194,35 +238,93 @@ def read_metrics(path: str | os.PathLike) -> list[dict[str, Any]]:
             except json.JSONDecodeError:
                 logging.warning("%s:%d is not valid JSON; skipped", path, lineno)
                 continue
-            rows.append({k: _from_json_number(v) for k, v in row.items()})
+            rows.append({k: _from_json_number(v) for k, v in current_names(row).items()})
     return rows
 
 
-class ProgressBar:
-    """A tqdm bar over training steps showing key figures (loss, reward, ...) as postfix."""
+def _in_notebook() -> bool:
+    # tqdm.auto draws a widget in a Jupyter/Colab kernel, whose stderr is no TTY but
+    # is no log file either: keep the bar there.
+    ipython = sys.modules.get("IPython")
+    try:
+        return ipython is not None and "IPKernelApp" in ipython.get_ipython().config
+    except AttributeError:  # IPython imported, but no shell running
+        return False
 
-    def __init__(self, total: int, initial: int = 0, enabled: bool = True):
+
+def _format_figure(value: Any) -> str:
+    try:
+        return f"{float(np.asarray(value)):.4g}"
+    except (TypeError, ValueError):
+        return str(value)
+
+
+def _format_eta(seconds: float) -> str:
+    minutes, secs = divmod(int(round(seconds)), 60)
+    hours, minutes = divmod(minutes, 60)
+    return f"{hours}:{minutes:02d}:{secs:02d}" if hours else f"{minutes}:{secs:02d}"
+
+
+class ProgressBar:
+    """Training progress: a tqdm bar on a TTY, else one log line per ``log_every`` steps.
+
+    ``tty=None`` decides by ``sys.stderr.isatty()`` (tqdm draws on stderr) or a notebook
+    kernel; ``enabled=False`` (``logging.progress``) shows nothing. Only process 0 shows
+    anything, else multi-host logs interleave N bars.
+    """
+
+    def __init__(
+        self,
+        total: int,
+        initial: int = 0,
+        enabled: bool = True,
+        log_every: int = 1,
+        tty: bool | None = None,
+    ):
         self._bar = None
-        # Only one process draws, else multi-host logs interleave N bars.
-        if enabled and jax.process_index() == 0:
+        self._lines = False
+        self.total, self.log_every = int(total), max(int(log_every), 1)
+        if not enabled or jax.process_index() != 0:
+            return
+        if tty is None:
+            tty = sys.stderr.isatty() or _in_notebook()
+        if tty:
             from tqdm.auto import tqdm
 
             self._bar = tqdm(total=total, initial=initial, dynamic_ncols=True)
+        else:
+            self._lines = True
+            self._last_step, self._last_time = int(initial), time.perf_counter()
+            self._first = None  # (step, time) of the first line: the ETA's origin
 
     def update(self, step: int, **key_figures: Any) -> None:
-        """Moves the bar to ``step`` and shows ``key_figures`` (4 significant digits)."""
-        if self._bar is None:
-            return
-        postfix = {}
-        for key, value in key_figures.items():
-            try:
-                postfix[key] = f"{float(np.asarray(value)):.4g}"
-            except (TypeError, ValueError):
-                postfix[key] = str(value)
-        self._bar.set_postfix(postfix, refresh=False)
-        self._bar.update(int(step) - self._bar.n)
+        """Moves to ``step`` and shows ``key_figures`` (4 significant digits)."""
+        step = int(step)
+        if self._bar is not None:
+            postfix = {key: _format_figure(value) for key, value in key_figures.items()}
+            self._bar.set_postfix(postfix, refresh=False)
+            self._bar.update(step - self._bar.n)
+        elif self._lines and (step % self.log_every == 0 or step == self.total):
+            if step > self._last_step:  # one line per step, even if called twice
+                logging.info("%s", self._line(step, key_figures))
+
+    def _line(self, step: int, key_figures: dict[str, Any]) -> str:
+        now = time.perf_counter()
+        # steps/s: since the previous line (today's speed). The ETA uses the mean rate since
+        # the first line instead: it leaves out compiling (before the first line) but counts
+        # evals and checkpoints, and does not jump after every eval.
+        rate = (step - self._last_step) / max(now - self._last_time, 1e-9)
+        self._last_step, self._last_time = step, now
+        self._first = self._first or (step, now)
+        first_step, first_time = self._first
+        mean = (step - first_step) / (now - first_time) if step > first_step else rate
+        parts = [f"step {step}/{self.total}"]
+        parts += [f"{key} {_format_figure(value)}" for key, value in key_figures.items()]
+        parts += [f"{rate:.3g} steps/s", f"eta {_format_eta((self.total - step) / mean)}"]
+        return " | ".join(parts)
 
     def close(self) -> None:
         if self._bar is not None:
             self._bar.close()
             self._bar = None
+        self._lines = False

@@ -140,7 +140,7 @@ def _loop(config, task, tc, jstep, state, inputs, workdir, ckpt, writer):
     """The host loop: one scalar read per step, metrics at log steps, the cadences."""
     monitor = diagnostics.Monitor(config.diagnostics, task.heldout_key)
     start = int(state.step)
-    bar = ProgressBar(task.num_steps, start, config.logging.progress)
+    bar = ProgressBar(task.num_steps, start, config.logging.progress, tc.log_every)
     main_process = jax.process_index() == 0
     last = {}
     if start == 0 and config.train.get("eval_at_start", False):

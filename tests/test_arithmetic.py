@@ -79,9 +79,9 @@ def test_one_command_runs_warm_up_then_grpo_and_resumes(tmp_path):
     rows = read_metrics(tmp_path)
     evals = [r["step"] for r in rows if "eval/accuracy" in r]
     assert evals == [0, 2, 4]  # step 0 is the warm-up's end, then the eval cadence
-    for key in ("eval/pass@1", "eval/pass@8", "eval/mean_length"):
+    for key in ("eval/pass_at_1", "eval/pass_at_8", "eval/mean_length"):
         assert key in rows[0]
-    assert rows[0]["eval/pass@1"] <= rows[0]["eval/pass@8"]
+    assert rows[0]["eval/pass_at_1"] <= rows[0]["eval/pass_at_8"]
     warm_rows = read_metrics(tmp_path / "pretrain")
     before = (tmp_path / "metrics.jsonl").read_text()
     state, _ = trainer.train_and_evaluate(config, str(tmp_path))  # a finished run: a no-op

@@ -257,7 +257,7 @@ def test_fill_in_run_keeps_judge_and_reference_frozen(
     for key in ("eval/fill_accuracy", "eval/sampled_fill_accuracy"):
         assert 0.0 <= last[key] <= 1.0, key
     assert cfg.judge.reward == "logit" and np.isfinite(last["eval/judge_reward"])
-    assert "eval/pass@4" in last
+    assert "eval/pass_at_4" in last
     assert (tmp_path / "checkpoints").is_dir()
     samples = (tmp_path / "samples.txt").read_text()
     assert cfg.data.mask_char in samples  # the masked windows are shown with the mask token

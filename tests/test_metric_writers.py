@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import json
+import logging
 import math
+import struct
 import sys
 from pathlib import Path
 
@@ -13,7 +15,8 @@ import numpy as np
 import pytest
 
 from grpo_jax import metric_writers
-from grpo_jax.metric_writers import MetricWriter, ProgressBar, read_metrics
+from grpo_jax.engine import STEP_METRICS
+from grpo_jax.metric_writers import MetricWriter, ProgressBar, current_names, read_metrics
 
 
 def test_scalars_round_trip_exactly(tmp_path: Path) -> None:
@@ -102,15 +105,82 @@ def test_close_twice_and_write_after_close_are_noops(tmp_path: Path) -> None:
     assert read_metrics(tmp_path) == []
 
 
-def test_progress_bar(capsys: pytest.CaptureFixture[str]) -> None:
+def _event_scalars(tb_dir: Path) -> dict[str, float]:
+    """The scalars of an event file, read back with tensorboardX's own protos: TFRecord
+    framing (u64 length, u32 crc, data, u32 crc), no TensorFlow or tensorboard needed."""
+    from tensorboardX.proto import event_pb2
+
+    (path,) = tb_dir.glob("events.out.tfevents.*")
+    data, pos, out = path.read_bytes(), 0, {}
+    while pos < len(data):
+        (length,) = struct.unpack("<Q", data[pos : pos + 8])
+        event = event_pb2.Event.FromString(data[pos + 12 : pos + 12 + length])
+        pos += 12 + length + 4
+        for value in event.summary.value:
+            out[value.tag] = value.simple_value
+    return out
+
+
+def test_tensorboard_tags_equal_jsonl_keys(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    # The names the engine, the evaluators and the trainer really log.
+    names = [*STEP_METRICS, "rewards/first_char/mean", "rewards/first_char/std"]
+    names += ["tokens_per_s", "step_time_s", "eval/pass_at_1", "eval/pass_at_8"]
+    names += ["eval/next_char_accuracy", "eval/fill_accuracy/len1", "eval/true_reward/ctx0"]
+    caplog.set_level(logging.INFO)
+    with MetricWriter(tmp_path) as writer:
+        writer.write_scalars(7, {name: i / 8 for i, name in enumerate(names)})
+    (row,) = read_metrics(tmp_path)
+    assert _event_scalars(tmp_path / "tb") == {k: v for k, v in row.items() if k != "step"}
+    assert not [r for r in caplog.records if "illegal" in r.getMessage()]
+
+
+@pytest.mark.parametrize("name", ["eval/pass@1", "/loss", "a b", "x:y", ""])
+def test_names_tensorboard_would_rename_are_refused(tmp_path: Path, name: str) -> None:
+    with MetricWriter(tmp_path) as writer:
+        with pytest.raises(ValueError, match="not a legal TensorBoard tag"):
+            writer.write_scalars(0, {"loss": 1.0, name: 1.0})
+        with pytest.raises(ValueError, match="not a legal TensorBoard tag"):
+            writer.write_image(0, name, np.zeros((2, 2), np.uint8))
+    assert read_metrics(tmp_path) == []  # refused whole: no row without the bad name
+
+
+def test_old_pass_at_names_read_as_new(tmp_path: Path) -> None:
+    (tmp_path / "metrics.jsonl").write_text('{"step": 3, "eval/pass@1": 0.5, "loss": 1}\n')
+    assert read_metrics(tmp_path) == [{"step": 3, "eval/pass_at_1": 0.5, "loss": 1}]
+    prose = "pass@1 in prose stays"
+    old = {"runs": [{"curve": [{"eval/pass@8": 1.0}]}], "note": prose}
+    assert current_names(old) == {"runs": [{"curve": [{"eval/pass_at_8": 1.0}]}], "note": prose}
+
+
+def test_progress_bar_on_a_tty(capsys: pytest.CaptureFixture[str]) -> None:
     bar = ProgressBar(total=10, initial=0, enabled=False)
     bar.update(5, loss=0.5)
     bar.close()
     assert capsys.readouterr().err == ""
-    bar = ProgressBar(total=10, initial=2, enabled=True)
+    bar = ProgressBar(total=10, initial=2, enabled=True, tty=True)
     bar.update(4, loss=jnp.asarray(0.123456), phase="train")
     assert bar._bar.n == 4
     bar.update(10, loss=0.1)
     bar.close()
     err = capsys.readouterr().err
     assert "loss=0.1" in err and "10/10" in err
+
+
+def test_progress_lines_without_a_tty(
+    capsys: pytest.CaptureFixture[str], caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO)
+    assert not sys.stderr.isatty()  # pytest captures stderr: the log-file case
+    bar = ProgressBar(total=10, initial=0, enabled=True, log_every=3)
+    for step in range(1, 11):
+        bar.update(step, loss=jnp.asarray(0.123456), reward=0.5)
+        bar.update(step, loss=0.1)  # a second call at a step (after an eval) adds no line
+    bar.close()
+    lines = [r.getMessage() for r in caplog.records]
+    assert [line.split(" | ")[0] for line in lines] == [f"step {s}/10" for s in (3, 6, 9, 10)]
+    assert lines[0].startswith("step 3/10 | loss 0.1235 | reward 0.5 | ")
+    assert " steps/s | eta " in lines[0] and lines[-1].endswith("eta 0:00")
+    assert not any("\r" in line or "\n" in line for line in lines)
+    assert "\r" not in capsys.readouterr().err  # and no tqdm bar drawn alongside

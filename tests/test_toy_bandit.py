@@ -68,7 +68,7 @@ def test_tiny_run_through_trainer(tmp_path):
     for key in STEP_METRICS:
         assert key in train_rows[-1], key
         assert np.isfinite(train_rows[-1][key])
-    for key in ("eval/true_reward", "eval/accuracy", "eval/sampled_accuracy", "eval/pass@4"):
+    for key in ("eval/true_reward", "eval/accuracy", "eval/sampled_accuracy", "eval/pass_at_4"):
         assert 0.0 <= last[key] <= 1.0
     for c in range(cfg.toy.num_contexts):
         assert f"eval/true_reward/ctx{c}" in last and f"eval/sampled_accuracy/ctx{c}" in last

@@ -24,7 +24,7 @@ from grpo_jax.metric_writers import read_metrics
 
 ROOT = Path(__file__).resolve().parents[1]
 TRAIN_KEYS = STEP_METRICS + ("tokens_per_s",)
-EVAL_KEYS = ("eval/next_char_accuracy", "eval/rollout_accuracy", "eval/val_loss", "eval/pass@1")
+EVAL_KEYS = ("eval/next_char_accuracy", "eval/rollout_accuracy", "eval/val_loss", "eval/pass_at_1")
 TIMING_KEYS = ("tokens_per_s", "step_time_s")
 
 

@@ -382,7 +382,7 @@ def make_evaluate(config, tok, policy_for, heldout: Data, pass_k):
             "eval/sampled_mean_length": float(res["sampled_len"].mean()),
         }
         for k in pass_k:
-            scalars[f"eval/pass@{k}"] = pass_at_k(num_correct, n_samples, k)
+            scalars[f"eval/pass_at_{k}"] = pass_at_k(num_correct, n_samples, k)
         lines = [
             f"{tok.decode(heldout.prompts[i])}{tok.decode_completion(res['greedy'][i])}"
             f"  ({'ok' if res['greedy_ok'][i] else 'wrong'})"

@@ -27,7 +27,7 @@ Held-out metrics (fixed val windows and spans):
   eval/fill_accuracy/lenK     the same over the spans of K chars only (the per-position
                               policy is exact on 1-char spans, only factorised on longer ones)
   eval/sampled_fill_accuracy  mean π(original char) over masked positions
-  eval/pass@k                 P(one of k sampled fills restores the whole span), exact
+  eval/pass_at_k              P(one of k sampled fills restores the whole span), exact
   eval/judge_reward           the judge's reward of the greedy fills
   eval/judge_reward_original  the judge's reward of the original windows (a ceiling)
 """
@@ -215,7 +215,7 @@ def build(config, mode: str = "train") -> Task:
             out[f"eval/fill_accuracy/len{k}"] = jnp.sum(hits * sel) / jnp.maximum(k * sel.sum(), 1)
         p_span = jnp.exp(jnp.sum(lp_orig * ev_span, -1))  # P(one sample restores the span)
         for k in pass_k:
-            out[f"eval/pass@{k}"] = jnp.mean(1.0 - (1.0 - p_span) ** k)
+            out[f"eval/pass_at_{k}"] = jnp.mean(1.0 - (1.0 - p_span) ** k)
         if jparams is not None:
             out["eval/judge_reward"] = judge_reward(jparams, filled).mean()
             out["eval/judge_reward_original"] = judge_reward(jparams, ev_win).mean()

@@ -24,7 +24,7 @@ Evaluation is exact (the policy is a V-way softmax per context, no sampling):
   eval/true_reward        Σ_v π(v|c) p(c, v), averaged over contexts (and per context /ctxI)
   eval/accuracy           fraction of contexts whose greedy token is the best one
   eval/sampled_accuracy   π(best|c) averaged over contexts (and per context /ctxI)
-  eval/pass@k             1 - (1 - π(best|c))^k averaged over contexts
+  eval/pass_at_k          1 - (1 - π(best|c))^k averaged over contexts
   eval/kl_to_sft          exact KL(π ‖ π_SFT) averaged over contexts
   eval/optimal_true_reward  max_v p(c, v) averaged (the ceiling of eval/true_reward)
 """
@@ -229,7 +229,7 @@ def build(config, mode: str = "train") -> Task:
             "greedy": greedy,
         }
         for k in pass_k:
-            out[f"pass@{k}"] = 1.0 - (1.0 - p_best) ** k
+            out[f"pass_at_{k}"] = 1.0 - (1.0 - p_best) ** k
         return out
 
     def evaluate(params):
@@ -244,7 +244,7 @@ def build(config, mode: str = "train") -> Task:
             "eval/optimal_true_reward": float(world.prefs.max(-1).mean()),
         }
         for k in pass_k:
-            s[f"eval/pass@{k}"] = float(res[f"pass@{k}"].mean())
+            s[f"eval/pass_at_{k}"] = float(res[f"pass_at_{k}"].mean())
         for c in range(n):
             s[f"eval/true_reward/ctx{c}"] = float(res["true"][c])
             s[f"eval/sampled_accuracy/ctx{c}"] = float(res["p_best"][c])
