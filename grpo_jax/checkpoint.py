@@ -162,7 +162,8 @@ class Checkpointer:
         """
         step = int(step)
         if step in self._manager.all_steps():
-            logging.warning("%s already exists; not overwriting it", self._where(step))
+            if jax.process_index() == 0:  # every process skips; one says so
+                logging.warning("%s already exists; not overwriting it", self._where(step))
             return False
         items = {_STATE: ocp.args.StandardSave(state)}
         if extra is not None:

@@ -12,16 +12,24 @@ r"""Entry point (``grpo-jax``, or ``python -m grpo_jax.main``): parse flags, cal
 Modes: train (GRPO), pretrain (supervised next-char), eval (held-out metrics of the latest
 checkpoint), sample (print greedy continuations), train_judge (tasks that have a judge).
 Bad input ends with one line on stderr and exit status 1; nothing on disk is touched.
+
+Several processes (``--config.distributed=True``; see grpo_jax/distributed.py): every process
+runs this same command with its own ``--process_id`` (or ``JAX_PROCESS_ID``):
+
+  grpo-jax --config=shakespeare:tiny --config.distributed=True \
+      --coordinator_address=10.0.0.1:1234 --num_processes=2 --process_id=0 --workdir=/shared/run
 """
 
 import json
 import logging as std_logging
+import os
 import sys
 
 from absl import app, flags, logging
 from ml_collections import config_flags
 
 from grpo_jax import config_blocks
+from grpo_jax import distributed as dist
 
 MODES = ("train", "pretrain", "eval", "sample", "train_judge")
 
@@ -31,6 +39,17 @@ config_flags.DEFINE_config_file(
 )
 flags.DEFINE_string("workdir", "runs/default", "Where checkpoints, metrics and logs go.")
 flags.DEFINE_string("mode", "train", f"One of {', '.join(MODES)}.")
+# Multi-process launch (with --config.distributed=True); each falls back to its JAX_* variable.
+flags.DEFINE_string(
+    "coordinator_address", None, "HOST:PORT of process 0 (else $JAX_COORDINATOR_ADDRESS)."
+)
+flags.DEFINE_integer("num_processes", None, "Number of processes (else $JAX_NUM_PROCESSES).")
+flags.DEFINE_integer("process_id", None, "This process's number, 0..N-1 (else $JAX_PROCESS_ID).")
+flags.DEFINE_list(
+    "local_device_ids",
+    None,
+    "Devices this process uses, e.g. 0,1,2,3 (SLURM's auto-detection gives one per task).",
+)
 
 
 def _fail(message: str):
@@ -58,30 +77,43 @@ def _parse_flags(argv):
         _fail(f"no config field {name!r}: check the --config.* flag names against the config file")
 
 
-def run(config, workdir: str, mode: str):
+def _join(config, launch: dist.Launch | None) -> None:
+    """Joins the multi-process run before jax starts its backend (``config.distributed``)."""
+    launch = launch or dist.Launch()
+    distributed = bool(config.get("distributed", False))
+    dist.check_config(launch, distributed)
+    if not distributed:
+        return
+    dist.initialize(launch)
+    if not dist.is_main_process():
+        # Every process runs the same program on the same values, so the other processes'
+        # info and warning lines (eval, diagnostics, corpus, orbax) are copies of process 0's;
+        # their errors still show.
+        logging.set_verbosity(logging.ERROR)
+
+
+def run(config, workdir: str, mode: str, launch: dist.Launch | None = None):
     from grpo_jax import trainer  # imported late so that --help stays fast
 
     if mode not in MODES:
         raise ValueError(f"--mode={mode!r} is unknown; choose from {', '.join(MODES)}")
-    if config.get("distributed", False):
-        import jax
-
-        jax.distributed.initialize()
+    _join(config, launch)
     if mode in ("train", "pretrain", "train_judge"):
         trainer.train_and_evaluate(config, workdir, mode)
-    else:
-        scalars, texts = trainer.evaluate_only(config, workdir)
-        if mode == "eval":
-            print(json.dumps(scalars, indent=1))
-        else:
-            print(texts["samples"])
+        return
+    scalars, texts = trainer.evaluate_only(config, workdir)
+    if dist.is_main_process():  # one copy of the output, not one per process
+        print(json.dumps(scalars, indent=1) if mode == "eval" else texts["samples"])
 
 
 def main(argv):
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {argv[1:]}")
     try:
-        run(FLAGS.config, FLAGS.workdir, FLAGS.mode)
+        launch = dist.resolve(
+            FLAGS.coordinator_address, FLAGS.num_processes, FLAGS.process_id, FLAGS.local_device_ids
+        )
+        run(FLAGS.config, FLAGS.workdir, FLAGS.mode, launch)
     except (ValueError, FileNotFoundError, RuntimeError) as e:
         # Bad input: one line, non-zero exit, nothing destroyed (see checkpoint.py).
         logging.flush()
@@ -103,6 +135,9 @@ def _resolve_config_args(argv):
 def cli():
     """The console script ``grpo-jax``."""
     flags.mark_flags_as_required(["config"])
+    # A console run saves figures to files; no GUI backend (plots.py leaves the choice to its
+    # caller so that notebooks draw inline).
+    os.environ.setdefault("MPLBACKEND", "Agg")
     # jax narrates its backend probe ("Unable to initialize backend 'tpu'") at INFO, which
     # absl prints to stderr; keep stderr to our own lines (and one line on an error).
     std_logging.getLogger("jax._src.xla_bridge").setLevel(std_logging.WARNING)

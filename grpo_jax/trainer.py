@@ -17,6 +17,7 @@ from absl import logging
 
 from grpo_jax import checkpoint as ckpt_lib
 from grpo_jax import diagnostics, sharding
+from grpo_jax.distributed import is_main_process
 from grpo_jax.metric_writers import MetricWriter, ProgressBar
 from grpo_jax.specs import TrainSpec
 from grpo_jax.tasks import build_task
@@ -119,8 +120,10 @@ def train_and_evaluate(config, workdir: str, mode: str = "train"):
         except Exception:
             ckpt.close()  # no orbax threads left behind; the checkpoint itself is untouched
             raise
-        logging.info("resumed from %s at step %d", ckpt.directory, int(state.step))
-    logging.info("%s over %d devices", sharding.describe(mesh), mesh.size)
+        if is_main_process():
+            logging.info("resumed from %s at step %d", ckpt.directory, int(state.step))
+    if is_main_process():
+        logging.info("%s over %d devices", sharding.describe(mesh), mesh.size)
     ckpt_lib.save_config(workdir, config)
     writer = MetricWriter(
         workdir,
@@ -141,7 +144,7 @@ def _loop(config, task, tc, jstep, state, inputs, workdir, ckpt, writer):
     monitor = diagnostics.Monitor(config.diagnostics, task.heldout_key)
     start = int(state.step)
     bar = ProgressBar(task.num_steps, start, config.logging.progress, tc.log_every)
-    main_process = jax.process_index() == 0
+    main_process = is_main_process()  # hooks' files and console lines: once, not per process
     last = {}
     if start == 0 and config.train.get("eval_at_start", False):
         last.update(_evaluate(task, state.params, 0, writer, monitor))
@@ -168,7 +171,8 @@ def _loop(config, task, tc, jstep, state, inputs, workdir, ckpt, writer):
                 writer.write_scalars(done, host)
                 last.update(host)
                 for warning in monitor.update(done, host):
-                    logging.warning(warning)
+                    if main_process:
+                        logging.warning(warning)
                 t_last, steps_since = time.perf_counter(), 0
             if done % tc.eval_every == 0 or done == task.num_steps:
                 last.update(_evaluate(task, state.params, done, writer, monitor))
@@ -184,10 +188,13 @@ def _loop(config, task, tc, jstep, state, inputs, workdir, ckpt, writer):
 
 
 def _evaluate(task, params, step, writer, monitor):
-    scalars, texts = task.evaluate(params)
-    writer.write_scalars(step, scalars)
+    scalars, texts = task.evaluate(params)  # on every process: one program over the mesh
+    writer.write_scalars(step, scalars)  # the writer is a no-op outside process 0
     writer.write_text(step, "samples", texts["samples"])
-    for warning in monitor.update(step, scalars):
+    warnings = monitor.update(step, scalars)
+    if not is_main_process():
+        return scalars
+    for warning in warnings:
         logging.warning(warning)
     summary = json.dumps({k: round(v, 4) for k, v in scalars.items()})
     logging.info("step %d eval: %s %s", step, summary, texts.get("summary", ""))

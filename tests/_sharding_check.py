@@ -1,4 +1,5 @@
-"""Multi-device checks for tests/test_sharding.py, run in a subprocess with 8 fake CPU devices.
+"""Multi-device checks for tests/test_sharding.py and tests/test_multihost.py, run in a
+subprocess with 8 fake CPU devices.
 
   XLA_FLAGS=--xla_force_host_platform_device_count=8 GRPO_JAX_DATA=... \
       python tests/_sharding_check.py equivalence sampled
@@ -125,7 +126,7 @@ def _losses(workdir):
 def resume(source: str, tmp: str, mode: str = "exhaustive"):
     """Resume ``source``'s step-2 checkpoint (written on any mesh) to step 4 on a single
     device and on (data=8) with FSDP-sharded state; returns the losses and where the state
-    lives. The config matches the entry-point runs of test_sharding.py."""
+    lives. The config matches the entry-point runs of test_multihost.py."""
     from absl import logging
 
     logging.set_verbosity(logging.WARNING)

@@ -1,11 +1,10 @@
-"""Meshes, shardings, the member shard_map, checkpoints across meshes, and seeds in parallel.
+"""Meshes, shardings, the member shard_map and seeds in parallel.
 
-The multi-device checks run in subprocesses with 8 fake CPU devices
+The multi-device checks run in a subprocess with 8 fake CPU devices
 (``XLA_FLAGS=--xla_force_host_platform_device_count=8`` must be set before jax starts);
 pytest's own process keeps its single device for the mesh-free unit tests and the vmapped
-seeds. The subprocesses share a persistent compilation cache, so a program that two of
-them build (the (data=1, member=1) step of the entry-point run and of its resumed copy) is
-compiled once.
+seeds. The entry point on several meshes, checkpoints across meshes and several processes
+are tests/test_multihost.py's.
 """
 
 import json
@@ -125,48 +124,6 @@ def test_meshes_give_the_same_step(equivalence, mode):
         assert m["max_metric_diff"] < TOL, (name, m)  # loss and every scalar metric
         assert m["max_param_diff"] < TOL, (name, m)
         assert m["traces"] == 1 and m["cache_size"] == 1, (name, m)  # compiled once per mesh
-
-
-def _losses(workdir):
-    rows = [json.loads(x) for x in (workdir / "metrics.jsonl").read_text().splitlines() if x]
-    return {r["step"]: r["loss"] for r in rows if "loss" in r}
-
-
-def test_entry_point_meshes_and_checkpoint_across_meshes(env8, tmp_path):
-    """main.py on (data=2, member=4) logs the same losses as on (data=1, member=1); its step-2
-    checkpoint resumes on a single device and on (data=8, FSDP) with the same losses."""
-    common = [
-        "-m",
-        "grpo_jax.main",
-        "--config=configs/shakespeare.py:tiny",
-        "--config.train.batch_size=8",
-        "--config.train.num_steps=4",
-        "--config.train.checkpoint_every=2",
-        "--config.train.eval_every=100",
-        "--config.eval.num_windows=8",
-        "--config.logging.tensorboard=False",
-    ]
-    wd = {name: tmp_path / name for name in ("mesh24", "mesh11")}
-    _run(
-        [*common, "--config.mesh.data=2", "--config.mesh.member=4", f"--workdir={wd['mesh24']}"],
-        env8,
-    )
-    _run(
-        [*common, "--config.mesh.data=1", "--config.mesh.member=1", f"--workdir={wd['mesh11']}"],
-        env8,
-    )
-    ref, single = _losses(wd["mesh24"]), _losses(wd["mesh11"])
-    assert sorted(ref) == [1, 2, 3, 4] and sorted(single) == [1, 2, 3, 4]
-    np.testing.assert_allclose([single[s] for s in ref], [ref[s] for s in ref], atol=TOL)
-
-    proc = _run([CHECK, "resume", wd["mesh24"], tmp_path / "resume"], env8)
-    res = json.loads(proc.stdout.strip().splitlines()[-1])
-    assert res["single"]["devices"] == 1
-    assert res["data8"]["devices"] == 8 and "data" in res["data8"]["spec"]  # FSDP over data
-    for name in ("single", "data8"):
-        got = res[name]["losses"]  # JSON: step keys are strings
-        assert sorted(got) == ["3", "4"], (name, got)  # resumed at step 2
-        np.testing.assert_allclose([got["3"], got["4"]], [ref[3], ref[4]], atol=TOL, err_msg=name)
 
 
 # --------------------------------------------------------------- seeds in parallel

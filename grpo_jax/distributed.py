@@ -1,0 +1,176 @@
+"""Joining a multi-process run: the launch settings, checked once, then
+``jax.distributed.initialize``.
+
+A run with ``config.distributed=True`` is one process per host (or per group of devices),
+all running the same program. Each process must learn three things before jax starts its
+backend: where process 0 listens (``coordinator_address``, ``host:port``), how many
+processes there are and which one it is. They come, in this order of precedence, from
+
+* the flags ``--coordinator_address``, ``--num_processes``, ``--process_id``;
+* the environment ``JAX_COORDINATOR_ADDRESS``, ``JAX_NUM_PROCESSES``, ``JAX_PROCESS_ID``
+  (jax itself reads only the first of them, hence the fallback here);
+* jax's own cluster detection (Cloud TPU pods, SLURM, Open MPI, Kubernetes), for whatever is
+  still unset. With nothing given at all the call is the plain ``jax.distributed.initialize()``.
+
+``local_device_ids`` restricts the devices a process sees (jax also reads
+``JAX_LOCAL_DEVICE_IDS``). SLURM auto-detection sets it to ``[SLURM_LOCALID]``, one device per
+task, so one task per node with 8 GPUs needs ``--local_device_ids=0,1,2,3,4,5,6,7`` to use
+them all.
+
+Process 0 alone writes the files and console lines that should appear once
+(``is_main_process``): metrics, TensorBoard, samples, a task's hook files, config.json,
+the eval and diagnostics lines. Checkpoints are written by every process (orbax: each
+writes the shards it owns, process 0 commits).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping, Sequence
+from typing import NamedTuple
+
+FLAGS_HINT = "--coordinator_address=HOST:PORT --num_processes=N --process_id=I"
+ENV = {
+    "coordinator_address": "JAX_COORDINATOR_ADDRESS",
+    "num_processes": "JAX_NUM_PROCESSES",
+    "process_id": "JAX_PROCESS_ID",
+}
+
+
+class Launch(NamedTuple):
+    """How this process joins the run; None = left to jax's cluster detection."""
+
+    coordinator_address: str | None = None
+    num_processes: int | None = None
+    process_id: int | None = None
+    local_device_ids: tuple[int, ...] | None = None
+
+    def given(self) -> bool:
+        """Whether anything was set by flag or environment (else: plain auto-detection)."""
+        return any(v is not None for v in self)
+
+
+def _env_int(environ: Mapping[str, str], name: str) -> int | None:
+    text = environ.get(name, "").strip()
+    if not text:
+        return None
+    try:
+        return int(text)
+    except ValueError:
+        raise ValueError(f"{name}={text!r} is not an integer; set it to one") from None
+
+
+def _check_address(address: str) -> str:
+    """``host:port`` with a port in 1..65535 (``[::1]:1234`` for IPv6)."""
+    host, sep, port = address.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise ValueError(
+            f"coordinator address {address!r} is not HOST:PORT; give process 0's host and a "
+            "free port, e.g. --coordinator_address=10.0.0.1:1234"
+        )
+    return address
+
+
+def _device_ids(ids: Sequence[str | int] | None) -> tuple[int, ...] | None:
+    if ids is None:
+        return None
+    text = [str(i).strip() for i in ids if str(i).strip()]
+    if not text or not all(t.isdigit() for t in text) or len(set(text)) != len(text):
+        raise ValueError(
+            f"--local_device_ids={','.join(map(str, ids))} must be distinct device numbers "
+            "separated by commas, e.g. --local_device_ids=0,1,2,3"
+        )
+    return tuple(int(t) for t in text)
+
+
+def _pick(flag_value, name: str, environ: Mapping[str, str], as_int: bool):
+    """(value, where it came from): the flag, else its environment variable, else None."""
+    if flag_value is not None:
+        return flag_value, f"--{name}"
+    env = ENV[name]
+    if as_int:
+        return _env_int(environ, env), env
+    return environ.get(env, "").strip() or None, env
+
+
+def resolve(
+    coordinator_address: str | None = None,
+    num_processes: int | None = None,
+    process_id: int | None = None,
+    local_device_ids: Sequence[str | int] | None = None,
+    environ: Mapping[str, str] = os.environ,
+) -> Launch:
+    """The launch settings: each flag, else its environment variable; checked, so that a bad
+    value is one ValueError line (naming the flag or variable it came from) rather than a
+    hang or a traceback inside jax."""
+    address, _ = _pick(coordinator_address or None, "coordinator_address", environ, False)
+    n, n_from = _pick(num_processes, "num_processes", environ, True)
+    i, i_from = _pick(process_id, "process_id", environ, True)
+    if address is not None:
+        _check_address(address)
+    if n is not None and n < 1:
+        raise ValueError(f"{n_from}={n} must be >= 1 (the number of processes)")
+    if i is not None and (i < 0 or (n is not None and i >= n)):
+        upper = f" and < {n_from}={n}" if n is not None else ""
+        raise ValueError(f"{i_from}={i} must be >= 0{upper}: processes are numbered 0, 1, ..., N-1")
+    return Launch(address, n, i, _device_ids(local_device_ids))
+
+
+def check_config(launch: Launch, distributed: bool) -> None:
+    """Launch flags without ``config.distributed=True`` would be silently ignored: refuse.
+    (The environment variables alone are not checked: a cluster may set them for others.)"""
+    if launch.given() and not distributed:
+        raise ValueError(
+            "--coordinator_address/--num_processes/--process_id/--local_device_ids only apply "
+            "to a multi-process run; add --config.distributed=True"
+        )
+
+
+# jax's messages when a setting is missing and no cluster supplies it (jax/_src/distributed.py)
+_MISSING = ("coordinator_address should be defined", "must be defined")
+
+
+def initialize(launch: Launch) -> None:
+    """``jax.distributed.initialize`` with what ``launch`` sets, before jax starts its backend.
+
+    On CPU, cross-process collectives need an implementation: gloo, jax's default in recent
+    versions; where it is unset (older jax), the first cross-process all-reduce would fail, so
+    a CPU run of the README's command needs no jax setting from its user."""
+    import jax
+
+    if getattr(jax.config, "jax_cpu_collectives_implementation", "gloo") is None:
+        jax.config.update("jax_cpu_collectives_implementation", "gloo")
+    ids = None if launch.local_device_ids is None else list(launch.local_device_ids)
+    try:
+        if launch.given():
+            jax.distributed.initialize(
+                coordinator_address=launch.coordinator_address,
+                num_processes=launch.num_processes,
+                process_id=launch.process_id,
+                local_device_ids=ids,
+            )
+        else:  # TPU pods, SLURM, Open MPI: jax finds everything itself
+            jax.distributed.initialize()
+    except ValueError as e:
+        if not any(m in str(e) for m in _MISSING):
+            raise
+        raise ValueError(_nothing_to_join(launch)) from None
+
+
+def _nothing_to_join(launch: Launch) -> str:
+    """The one line for ``distributed=True`` when neither the flags, the environment nor a
+    detected cluster (TPU pod, SLURM, Open MPI) say how to reach the other processes."""
+    unset = [f"--{name} (or {env})" for name, env in ENV.items() if getattr(launch, name) is None]
+    return (
+        f"config.distributed=True but {', '.join(unset)} {'is' if len(unset) == 1 else 'are'} "
+        "not set and no TPU pod or SLURM/Open MPI cluster was detected to supply them: "
+        f"start every process with {FLAGS_HINT}"
+    )
+
+
+def is_main_process() -> bool:
+    """Process 0 writes the files and console lines that should appear once: every process
+    runs the same program on the same values, so the others' copies would be duplicates."""
+    import jax
+
+    return jax.process_index() == 0

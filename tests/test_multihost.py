@@ -1,0 +1,330 @@
+"""The entry point on several devices and several processes, run as a user runs it.
+
+One process with 8 fake CPU devices on the mesh (data=2, member=4) is the reference. Against
+it: the same command on (data=1, member=1) and its step-2 checkpoint resumed on other meshes
+(tests/_sharding_check.py resume); and the README's multi-process command, 2 processes x 4
+CPU devices on localhost (``--config.distributed=True --coordinator_address=127.0.0.1:PORT
+--num_processes=2 --process_id=P``, CPU collectives over gloo), which must log the same
+losses, write every output file once, keep process 1 quiet, and resume on its own mesh.
+
+Every subprocess shares one persistent compilation cache: the resumed runs load the programs
+their first runs compiled (in a 2-process run, process 0 writes the cache and both read it).
+"""
+
+import json
+import os
+import re
+import shutil
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from grpo_jax import distributed as dist
+
+ROOT = Path(__file__).resolve().parents[1]
+CHECK = ROOT / "tests" / "_sharding_check.py"
+TOL = 1e-5
+COMMON = [
+    "--config=shakespeare:tiny",
+    "--config.train.batch_size=8",
+    "--config.train.num_steps=4",
+    "--config.train.checkpoint_every=2",
+    "--config.train.eval_every=100",  # one evaluation: at the last step
+    "--config.eval.num_windows=8",
+]
+MESH24 = ["--config.mesh.data=2", "--config.mesh.member=4"]
+# absl's log-line prefix, e.g. "I1122 03:20:59.229493 140217969466240 trainer.py:95] ...".
+ABSL_LOG_LINE = re.compile(r"^[IWE]\d{4} \d\d:\d\d:\d\d\.\d+ +\d+ (\S+):\d+\]")
+
+
+def _env(cache, devices: int, shakespeare_path) -> dict:
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        # a launcher's variables would make jax join (or look for) another run
+        if not k.startswith(("JAX_", "SLURM_", "OMPI_", "PMI_", "TPU_"))
+    }
+    env.update(
+        XLA_FLAGS=(
+            os.environ.get("XLA_FLAGS", "") + f" --xla_force_host_platform_device_count={devices}"
+            # CPU codegen effort only: every run of a comparison uses the same flags
+            " --xla_backend_optimization_level=0"
+        ).strip(),
+        JAX_PLATFORMS="cpu",
+        JAX_COMPILATION_CACHE_DIR=str(cache),
+        JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0",
+        JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES="0",
+        GRPO_JAX_DATA=str(shakespeare_path),
+        PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""),
+    )
+    return env
+
+
+@pytest.fixture(scope="module")
+def cache(tmp_path_factory):
+    return tmp_path_factory.mktemp("xla_cache")
+
+
+@pytest.fixture(scope="module")
+def env8(cache, shakespeare_path):
+    return _env(cache, 8, shakespeare_path)
+
+
+@pytest.fixture(scope="module")
+def env4(cache, shakespeare_path):
+    return _env(cache, 4, shakespeare_path)
+
+
+def _run(args, env, timeout=600):
+    proc = subprocess.run(
+        [sys.executable, *map(str, args)],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    return proc
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def launch(args, env, logs: Path, n: int = 2, timeout: int = 300):
+    """The README's multi-process command, once per process; returns each one's output
+    (stdout + stderr). A process that fails or hangs fails the test, and none is left."""
+    port = _free_port()
+    logs.mkdir(parents=True, exist_ok=True)
+    procs = []
+    for i in range(n):
+        with open(logs / f"process{i}.log", "w") as log:
+            procs.append(
+                subprocess.Popen(
+                    [sys.executable, "-m", "grpo_jax.main", *args, "--config.distributed=True"]
+                    + [f"--coordinator_address=127.0.0.1:{port}", f"--num_processes={n}"]
+                    + [f"--process_id={i}"],
+                    cwd=ROOT,
+                    env=env,
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                )
+            )
+    try:
+        codes = [p.wait(timeout=timeout) for p in procs]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    outputs = [(logs / f"process{i}.log").read_text() for i in range(n)]
+    for i, (code, out) in enumerate(zip(codes, outputs, strict=True)):
+        assert code == 0, f"process {i} exited {code}:\n{out[-4000:]}"
+    return outputs
+
+
+def _rows(path: Path):
+    return [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
+
+
+def _losses(workdir: Path) -> dict:
+    rows = [r for r in _rows(workdir / "metrics.jsonl") if "loss" in r]
+    steps = [r["step"] for r in rows]
+    assert len(steps) == len(set(steps)), steps  # a step logged twice
+    return {r["step"]: r["loss"] for r in rows}
+
+
+@pytest.fixture(scope="module")
+def one_process(env8, tmp_path_factory):
+    """1 process x 8 devices on (data=2, member=4): the reference run."""
+    workdir = tmp_path_factory.mktemp("one_process") / "run"
+    _run(
+        ["-m", "grpo_jax.main", *COMMON, *MESH24, "--config.logging.tensorboard=False"]
+        + [f"--workdir={workdir}"],
+        env8,
+    )
+    return workdir
+
+
+def test_entry_point_meshes_and_checkpoint_across_meshes(one_process, env8, tmp_path):
+    """main.py on (data=2, member=4) logs the same losses as on (data=1, member=1); its step-2
+    checkpoint resumes on a single device and on (data=8, FSDP) with the same losses."""
+    single_wd = tmp_path / "mesh11"
+    _run(
+        ["-m", "grpo_jax.main", *COMMON, "--config.logging.tensorboard=False"]
+        + ["--config.mesh.data=1", "--config.mesh.member=1", f"--workdir={single_wd}"],
+        env8,
+    )
+    ref, single = _losses(one_process), _losses(single_wd)
+    assert sorted(ref) == [1, 2, 3, 4] and sorted(single) == [1, 2, 3, 4]
+    np.testing.assert_allclose([single[s] for s in ref], [ref[s] for s in ref], atol=TOL)
+
+    proc = _run([CHECK, "resume", one_process, tmp_path / "resume"], env8)
+    res = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert res["single"]["devices"] == 1
+    assert res["data8"]["devices"] == 8 and "data" in res["data8"]["spec"]  # FSDP over data
+    for name in ("single", "data8"):
+        got = res[name]["losses"]  # JSON: step keys are strings
+        assert sorted(got) == ["3", "4"], (name, got)  # resumed at step 2
+        np.testing.assert_allclose([got["3"], got["4"]], [ref[3], ref[4]], atol=TOL, err_msg=name)
+
+
+# ------------------------------------------------------- 2 processes x 4 CPU devices
+
+
+@pytest.fixture(scope="module")
+def two_processes(env4, tmp_path_factory):
+    """The reference's command on 2 processes x 4 devices, with TensorBoard on (its event
+    files are one more writer to check)."""
+    root = tmp_path_factory.mktemp("two_processes")
+    outputs = launch([*COMMON, *MESH24, f"--workdir={root / 'run'}"], env4, root / "logs")
+    return root / "run", outputs
+
+
+def _other_lines(output: str) -> list[str]:
+    """Process 1's absl log lines other than jax's own "Connecting to ..." line."""
+    lines = [m for line in output.splitlines() if (m := ABSL_LOG_LINE.match(line))]
+    return [m.string for m in lines if m.group(1) != "distributed.py"]
+
+
+def test_two_processes_log_the_losses_of_one(one_process, two_processes):
+    workdir, _ = two_processes
+    ref, got = _losses(one_process), _losses(workdir)
+    assert sorted(got) == [1, 2, 3, 4]
+    np.testing.assert_allclose([got[s] for s in ref], [ref[s] for s in ref], atol=TOL)
+
+
+def test_two_processes_write_every_file_once(two_processes):
+    workdir, _ = two_processes
+    files = sorted(
+        str(p.relative_to(workdir))
+        for p in workdir.rglob("*")
+        if p.is_file() and "checkpoints" not in p.parts
+    )
+    events = [f for f in files if f.startswith("tb/")]
+    assert len(events) == 1, files  # one TensorBoard writer
+    assert [f for f in files if not f.startswith("tb/")] == [
+        "char_heatmap.png",
+        "char_stats.jsonl",
+        "config.json",
+        "config.txt",
+        "metrics.jsonl",
+        "samples.txt",
+    ], files
+    assert sorted(int(p.name) for p in (workdir / "checkpoints").iterdir()) == [2, 4]
+    rows = _rows(workdir / "metrics.jsonl")
+    assert [r["step"] for r in rows if "loss" in r] == [1, 2, 3, 4]
+    assert [r["step"] for r in rows if "eval/val_loss" in r] == [4]
+    assert [r["step"] for r in _rows(workdir / "char_stats.jsonl")] == [1, 2, 3, 4]
+    assert re.findall(r"=== step (\d+) ===", (workdir / "samples.txt").read_text()) == ["4"]
+
+
+def test_only_process_zero_prints_eval_and_diagnostics(two_processes):
+    _, (out0, out1) = two_processes
+    assert "Traceback" not in out0 + out1
+    # process 0 prints the mesh, the KL diagnostic (tiny's kl ~ 2 > kl_bound) and the eval
+    assert out0.count("mesh(data=2, member=4) over 8 devices") == 1, out0
+    assert out0.count("exceeds diagnostics.kl_bound") == 1, out0
+    assert out0.count("step 4 eval:") == 1, out0
+    assert _other_lines(out1) == [], out1
+
+
+def test_resume_on_two_processes(one_process, two_processes, env4, tmp_path):
+    """A 2-process run stopped after its step-2 checkpoint (its checkpoint and its logged
+    rows up to step 2) and restarted on 2 processes continues at step 3: every step logged
+    once, the losses those of the uninterrupted run."""
+    source, _ = two_processes
+    workdir = tmp_path / "run"
+    shutil.copytree(source / "checkpoints" / "2", workdir / "checkpoints" / "2")
+    kept = [line for line in (source / "metrics.jsonl").read_text().splitlines(keepends=True)]
+    kept = [line for line in kept if json.loads(line)["step"] <= 2]
+    (workdir / "metrics.jsonl").write_text("".join(kept))
+    out0, out1 = launch(
+        [*COMMON, *MESH24, "--config.logging.tensorboard=False", f"--workdir={workdir}"],
+        env4,
+        tmp_path / "logs",
+    )
+    assert out0.count("at step 2") == 1 and "resumed from" in out0, out0
+    assert _other_lines(out1) == [], out1
+    ref, got = _losses(one_process), _losses(workdir)
+    assert sorted(got) == [1, 2, 3, 4]
+    np.testing.assert_allclose([got[s] for s in ref], [ref[s] for s in ref], atol=TOL)
+    assert sorted(int(p.name) for p in (workdir / "checkpoints").iterdir()) == [2, 4]
+    assert [r["step"] for r in _rows(workdir / "char_stats.jsonl")] == [3, 4]
+
+
+# ------------------------------------------------------------------ launch settings
+
+
+def test_launch_flags_fall_back_to_the_environment():
+    env = {"JAX_COORDINATOR_ADDRESS": "10.0.0.1:1234", "JAX_NUM_PROCESSES": "2"}
+    env["JAX_PROCESS_ID"] = "1"
+    assert dist.resolve(environ=env) == dist.Launch("10.0.0.1:1234", 2, 1, None)
+    # a flag wins over its variable; device ids parse
+    got = dist.resolve("h:99", None, 0, ["0", "1"], environ=env)
+    assert got == dist.Launch("h:99", 2, 0, (0, 1))
+    assert dist.resolve(environ={}) == dist.Launch() and not dist.Launch().given()
+    assert dist.resolve(local_device_ids=["3"], environ={}).given()
+
+
+@pytest.mark.parametrize(
+    "kwargs, environ, words",
+    [
+        ({"num_processes": 2, "process_id": 2}, {}, ["--process_id=2", "< --num_processes=2"]),
+        ({}, {"JAX_NUM_PROCESSES": "2", "JAX_PROCESS_ID": "-1"}, ["JAX_PROCESS_ID=-1"]),
+        ({"num_processes": 0}, {}, ["--num_processes=0", ">= 1"]),
+        ({}, {"JAX_NUM_PROCESSES": "two"}, ["JAX_NUM_PROCESSES='two'", "integer"]),
+        ({"coordinator_address": "localhost"}, {}, ["'localhost'", "HOST:PORT"]),
+        ({"coordinator_address": "h:0"}, {}, ["'h:0'", "HOST:PORT"]),
+        ({"local_device_ids": ["0", "0"]}, {}, ["--local_device_ids=0,0", "distinct"]),
+        ({"local_device_ids": ["a"]}, {}, ["--local_device_ids=a"]),
+    ],
+)
+def test_bad_launch_settings_are_one_line(kwargs, environ, words):
+    with pytest.raises(ValueError) as err:
+        dist.resolve(**kwargs, environ=environ)
+    assert "\n" not in str(err.value)
+    for word in words:
+        assert word in str(err.value), (word, str(err.value))
+
+
+def test_cli_says_how_to_join_when_there_is_nothing_to_join(env4, tmp_path):
+    """distributed=True on a lone machine, and launch flags without distributed=True: one
+    error line each, naming the flags; no workdir is made."""
+    cases = {
+        "nothing": ["--config.distributed=True"],
+        "no_process_id": ["--config.distributed=True", "--coordinator_address=127.0.0.1:1"]
+        + ["--num_processes=2"],
+        "not_distributed": ["--num_processes=2", "--process_id=0"],
+    }
+    procs = {
+        name: subprocess.Popen(
+            [sys.executable, "-m", "grpo_jax.main", "--config=shakespeare:tiny", *args]
+            + [f"--workdir={tmp_path / name}"],
+            cwd=ROOT,
+            env=env4,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for name, args in cases.items()
+    }
+    results = {name: p.communicate(timeout=120) + (p.returncode,) for name, p in procs.items()}
+    expect = {
+        "nothing": ["--coordinator_address", "--num_processes", "--process_id", "no TPU pod"],
+        "no_process_id": ["--process_id (or JAX_PROCESS_ID) is not set"],
+        "not_distributed": ["--config.distributed=True"],
+    }
+    for name, (_, err, code) in results.items():
+        lines = [line for line in err.splitlines() if not ABSL_LOG_LINE.match(line)]
+        assert code == 1 and len(lines) == 1 and lines[0].startswith("error: "), (name, err)
+        for word in expect[name]:
+            assert word in lines[0], (name, word, lines[0])
+        assert not (tmp_path / name).exists()
