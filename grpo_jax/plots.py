@@ -1,25 +1,30 @@
-"""Figures from a run's logs (matplotlib, headless): learning curves and the first-char
-heatmap of exhaustive runs."""
+"""Figures from a run's logs: learning curves and the first-char heatmap of exhaustive runs.
+
+Every figure is a bare `matplotlib.figure.Figure`, never a pyplot one: importing this module
+sets no backend (a notebook that imports the trainer keeps its inline backend, so its plot
+cells show figures), and writing a PNG opens no window and leaves no figure in pyplot's
+registry. The `*_figure` functions return the Figure (a notebook displays it inline); the
+others write a PNG and return its path. The CLI chooses its own non-interactive backend.
+"""
 
 import json
 
-import matplotlib
-
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt
 import numpy as np
+from matplotlib.figure import Figure
 
 
-def char_heatmap(stats_path, out_path):
+def char_heatmap_figure(stats_path) -> Figure | None:
     """Per first char, over training: mean return of forcing it (left) and how often it is
-    the group's best (right), from an exhaustive run's char_stats.jsonl."""
-    rows = [json.loads(line) for line in open(stats_path) if line.strip()]
+    the group's best (right), from an exhaustive run's char_stats.jsonl; None when empty."""
+    with open(stats_path) as f:
+        rows = [json.loads(line) for line in f if line.strip()]
     if not rows:
         return None
     chars = rows[0]["chars"]
     labels = [repr(ch)[1:-1] for ch in chars]
     steps = [r["step"] for r in rows]
-    fig, axes = plt.subplots(1, 2, figsize=(14, 11))
+    fig = Figure(figsize=(14, 11))
+    axes = fig.subplots(1, 2)
     for ax, key, title in zip(
         axes, ("reward", "best"), ("mean return", "share of groups where it is best"), strict=True
     ):
@@ -34,14 +39,22 @@ def char_heatmap(stats_path, out_path):
         fig.colorbar(im, ax=ax, fraction=0.04)
     axes[0].set_ylabel("forced first char")
     fig.tight_layout()
+    return fig
+
+
+def char_heatmap(stats_path, out_path):
+    """Writes `char_heatmap_figure` to `out_path`; returns the path (None when no rows)."""
+    fig = char_heatmap_figure(stats_path)
+    if fig is None:
+        return None
     fig.savefig(out_path, dpi=110)
-    plt.close(fig)
     return out_path
 
 
-def learning_curves(series: dict, out_path, ylabel: str, title: str = ""):
+def learning_curves_figure(series: dict, ylabel: str, title: str = "") -> Figure:
     """series: {label: (steps, values) or (steps, mean, spread)}; spread drawn as a band."""
-    fig, ax = plt.subplots(figsize=(6, 4))
+    fig = Figure(figsize=(6, 4))
+    ax = fig.subplots()
     for label, s in series.items():
         steps, mean = np.asarray(s[0]), np.asarray(s[1])
         (line,) = ax.plot(steps, mean, label=label)
@@ -55,6 +68,10 @@ def learning_curves(series: dict, out_path, ylabel: str, title: str = ""):
     ax.legend()
     ax.grid(alpha=0.3)
     fig.tight_layout()
-    fig.savefig(out_path, dpi=120)
-    plt.close(fig)
+    return fig
+
+
+def learning_curves(series: dict, out_path, ylabel: str, title: str = ""):
+    """Writes `learning_curves_figure` to `out_path` and returns the path."""
+    learning_curves_figure(series, ylabel, title).savefig(out_path, dpi=120)
     return out_path
