@@ -10,7 +10,8 @@ r"""Entry point (``grpo-jax``, or ``python -m grpo_jax.main``): parse flags, cal
 ``:variant`` tokens.
 
 Modes: train (GRPO), pretrain (supervised next-char), eval (held-out metrics of the latest
-checkpoint), sample (print greedy continuations), train_judge (tasks that have a judge).
+checkpoint), sample (print greedy continuations), train_judge (tasks that have a judge),
+print_config (every field of the config, overrides applied, with its value and comment).
 Bad input ends with one line on stderr and exit status 1; nothing on disk is touched.
 
 Several processes (``--config.distributed=True``; see grpo_jax/distributed.py): every process
@@ -31,11 +32,14 @@ from ml_collections import config_flags
 from grpo_jax import config_blocks
 from grpo_jax import distributed as dist
 
-MODES = ("train", "pretrain", "eval", "sample", "train_judge")
+MODES = ("train", "pretrain", "eval", "sample", "train_judge", "print_config")
 
 FLAGS = flags.FLAGS
 config_flags.DEFINE_config_file(
-    "config", None, "A packaged config's name or a config file's path, then :variant,... tokens."
+    "config",
+    None,
+    "A packaged config's name or a config file's path, then :variant,... tokens; "
+    "--mode=print_config lists every field (--config.FIELD=VALUE overrides one).",
 )
 flags.DEFINE_string("workdir", "runs/default", "Where checkpoints, metrics and logs go.")
 flags.DEFINE_string("mode", "train", f"One of {', '.join(MODES)}.")
@@ -113,6 +117,12 @@ def main(argv):
         launch = dist.resolve(
             FLAGS.coordinator_address, FLAGS.num_processes, FLAGS.process_id, FLAGS.local_device_ids
         )
+        if FLAGS.mode == "print_config":  # nothing to join, train or touch
+            from grpo_jax import config_doc
+
+            path = config_flags.get_config_filename(FLAGS["config"]).partition(":")[0]
+            print(config_doc.describe(FLAGS.config, path))
+            return
         run(FLAGS.config, FLAGS.workdir, FLAGS.mode, launch)
     except (ValueError, FileNotFoundError, RuntimeError) as e:
         # Bad input: one line, non-zero exit, nothing destroyed (see checkpoint.py).
@@ -132,6 +142,26 @@ def _resolve_config_args(argv):
     return out
 
 
+HELP_FLAGS = ("-h", "--help", "-?")
+
+
+def _help(argv):
+    """``--help``: this module's usage and flags (absl's own help would list only the flags of
+    the console-script shim), then the chosen config's fields with their values and comments
+    (``--mode=print_config``), or the packaged configs' names when no --config is given."""
+    print(__doc__)
+    print(FLAGS.module_help(sys.modules[__name__]))
+    if not any(a == "--config" or a.startswith("--config=") for a in argv):
+        print(f"\nPackaged configs (--config=NAME): {', '.join(config_blocks.config_names())}")
+        print("--config=NAME --help lists that config's fields.")
+        sys.exit(0)
+    print("\nThe config's fields (--config.FIELD=VALUE overrides one):\n")
+    sys.stdout.flush()
+    return [a for a in argv if a not in HELP_FLAGS and not a.startswith("--mode")] + [
+        "--mode=print_config"
+    ]
+
+
 def cli():
     """The console script ``grpo-jax``."""
     flags.mark_flags_as_required(["config"])
@@ -141,8 +171,9 @@ def cli():
     # jax narrates its backend probe ("Unable to initialize backend 'tpu'") at INFO, which
     # absl prints to stderr; keep stderr to our own lines (and one line on an error).
     std_logging.getLogger("jax._src.xla_bridge").setLevel(std_logging.WARNING)
+    argv = _help(sys.argv) if any(a in HELP_FLAGS for a in sys.argv[1:]) else sys.argv
     try:
-        argv = _resolve_config_args(sys.argv)
+        argv = _resolve_config_args(argv)
     except FileNotFoundError as e:
         _fail(str(e))
     try:

@@ -3,6 +3,8 @@ field of every packaged config, in every variant, has a comment; the listing sho
 value; the comment parser takes trailing comments, comment lines above, and shared blocks."""
 
 import importlib
+import subprocess
+import sys
 import textwrap
 
 import pytest
@@ -61,3 +63,18 @@ def test_comment_parser_on_a_hand_written_file(tmp_path):
     assert comments["b"] == "above, line one line two"
     assert comments["mesh.data"].startswith("devices on the data axis")
     assert comments["uncommented"] == ""
+
+
+@pytest.mark.parametrize("how", ["--help", "--mode=print_config"])
+def test_cli_lists_every_field_with_overrides_and_touches_nothing(how, tmp_path):
+    args = ["--config=toy_bandit:tiny", "--config.group.size=3", f"--workdir={tmp_path}/w", how]
+    proc = subprocess.run(
+        [sys.executable, "-m", "grpo_jax.main", *args], capture_output=True, text=True, cwd=tmp_path
+    )
+    assert proc.returncode == 0, proc.stderr
+    config = config_blocks.load_config("toy_bandit", "tiny", **{"group.size": 3})
+    listed = {line.split(" = ")[0] for line in proc.stdout.splitlines() if " = " in line}
+    assert {field for field, _ in config_doc.leaves(config)} <= listed
+    assert "group.size = 3 " in proc.stdout
+    assert ("--coordinator_address" in proc.stdout) == (how == "--help")
+    assert not (tmp_path / "w").exists()
