@@ -29,7 +29,7 @@ def get_config(arg=None):
     c.task = "arithmetic"  # which task plug-in runs (grpo_jax/tasks/__init__.py TASKS)
     c.seed = 0  # root PRNG seed (init, warm-up batches, GRPO steps); problems use problem_seed
     c.init_from = ""  # checkpoint dir to start GRPO from (skips the warm-up)
-    c.distributed = False  # call jax.distributed.initialize() (multi-host runs)
+    c.distributed = False  # join a multi-process run (--coordinator_address ... or auto-detected)
 
     c.data = config_dict.ConfigDict()
     c.data.problem_seed = 0  # seed of the problem sets (fixed across training seeds)

@@ -27,7 +27,7 @@ def get_config(arg=None):
     c.task = "shakespeare"  # which task plug-in runs (grpo_jax/tasks/__init__.py TASKS)
     c.seed = 0  # root PRNG seed; every step's key is fold_in(root, step)
     c.init_from = ""  # checkpoint dir (e.g. a pretrain workdir) to initialise params from
-    c.distributed = False  # call jax.distributed.initialize() (multi-host runs)
+    c.distributed = False  # join a multi-process run (--coordinator_address ... or auto-detected)
 
     c.data = config_dict.ConfigDict()
     c.data.path = ""  # corpus file; "" -> $GRPO_JAX_DATA -> user cache -> download

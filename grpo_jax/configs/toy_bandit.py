@@ -32,7 +32,7 @@ def get_config(arg=None):
     c.task = "toy_bandit"  # which task plug-in runs (grpo_jax/tasks/__init__.py TASKS)
     c.seed = 0  # root PRNG seed: SFT, reward model, GRPO steps (and the world, see toy.world_seed)
     c.init_from = ""  # checkpoint dir to initialise the policy from (default: the SFT policy)
-    c.distributed = False  # call jax.distributed.initialize() (multi-host runs)
+    c.distributed = False  # join a multi-process run (--coordinator_address ... or auto-detected)
 
     c.toy = config_dict.ConfigDict()
     c.toy.reward = reward  # rm (Bradley–Terry reward model) | rlvr (1 for the best token)
