@@ -674,7 +674,10 @@ def test_eager_matches_jit():
         (obj.exact_kl(lp, lq), exact_kl(lp, lq)),
         (obj.entropy_from_logits(lp), entropy_from_logits(lp)),
         (obj.aggregate(lp, m, "token-mean"), aggregate(lp, m, "token-mean")),
-        (obj.all_action_loss(lp, r, "group"), all_action_loss(lp, r, "group")),
     ]
     for eager, jitted in pairs:
         np.testing.assert_allclose(eager, jitted, rtol=1e-6, atol=1e-7)
+    # With group scaling the all-action loss is a sum of terms of size ~1 that cancels to 0, so
+    # eager vs jit differ by float32 cancellation error (~2e-7 on jax < 0.10), not by 1e-7.
+    aal = obj.all_action_loss(lp, r, "group"), all_action_loss(lp, r, "group")
+    np.testing.assert_allclose(*aal, rtol=1e-6, atol=1e-6)
