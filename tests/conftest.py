@@ -22,6 +22,14 @@ def shakespeare_path() -> Path:
     pytest.skip("tiny Shakespeare not found: put it in shared/data or set GRPO_JAX_DATA")
 
 
+def compilation_cache_dir(tmp_path_factory) -> Path:
+    """One persistent XLA cache for the whole session: under pytest-xdist the workers' base
+    temp dirs share a parent, so a program one worker compiled is loaded by the others."""
+    base = tmp_path_factory.getbasetemp()
+    root = base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
+    return root / "jax_compilation_cache"
+
+
 @pytest.fixture(scope="module")
 def fast_compiles(tmp_path_factory):
     """Cheap XLA compiles + a session-wide persistent cache (shared with the CLI tests' runs);
@@ -35,7 +43,7 @@ def fast_compiles(tmp_path_factory):
         "jax_persistent_cache_min_entry_size_bytes",
     )
     saved = {name: jax.config.values[name] for name in names}
-    cache_dir = tmp_path_factory.getbasetemp() / "jax_compilation_cache"
+    cache_dir = compilation_cache_dir(tmp_path_factory)
     jax.config.update("jax_disable_most_optimizations", True)
     jax.config.update("jax_compilation_cache_dir", str(cache_dir))
     jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)

@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from conftest import compilation_cache_dir
 
 from grpo_jax.metric_writers import read_metrics
 
@@ -27,7 +28,7 @@ def env(tmp_path_factory, shakespeare_path):
     env = dict(os.environ)
     env.update(
         GRPO_JAX_DATA=str(shakespeare_path),
-        JAX_COMPILATION_CACHE_DIR=str(tmp_path_factory.getbasetemp() / "jax_compilation_cache"),
+        JAX_COMPILATION_CACHE_DIR=str(compilation_cache_dir(tmp_path_factory)),
         JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0",
         JAX_DISABLE_MOST_OPTIMIZATIONS="1",
     )

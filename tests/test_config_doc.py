@@ -76,5 +76,5 @@ def test_cli_lists_every_field_with_overrides_and_touches_nothing(how, tmp_path)
     listed = {line.split(" = ")[0] for line in proc.stdout.splitlines() if " = " in line}
     assert {field for field, _ in config_doc.leaves(config)} <= listed
     assert "group.size = 3 " in proc.stdout
-    assert ("--coordinator_address" in proc.stdout) == (how == "--help")
+    assert ("--workdir: Where" in proc.stdout) == (how == "--help")  # the flags' help
     assert not (tmp_path / "w").exists()

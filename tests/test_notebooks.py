@@ -17,6 +17,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from conftest import compilation_cache_dir
 
 nbformat = pytest.importorskip("nbformat")
 nbclient = pytest.importorskip("nbclient")
@@ -120,7 +121,7 @@ def notebook(request, shakespeare_path, tmp_path_factory):
     session, shared by the tests below."""
     path = request.param
     committed = nbformat.read(path, as_version=4)
-    cache_dir = tmp_path_factory.getbasetemp() / "jax_compilation_cache"
+    cache_dir = compilation_cache_dir(tmp_path_factory)
     env = {**small_cpu_env(shakespeare_path), **fast_compile_env(cache_dir)}
     return path, committed, execute(path, env)
 
