@@ -10,6 +10,7 @@ initialises its backend, hence a separate process (pytest's own process keeps 1 
 
 import json
 import shutil
+import subprocess
 import sys
 from pathlib import Path
 
@@ -25,6 +26,20 @@ from grpo_jax.config_blocks import load_config
 ROOT = Path(__file__).resolve().parents[1]
 # (data, member, shard_params); None = the plain single-device path (no mesh at all)
 MESHES = (None, (8, 1, False), (2, 4, False), (1, 8, False))
+
+
+def run_python(args, env, timeout=600):
+    """``python ARGS`` from the repository root; asserts it succeeded (the tests' runner)."""
+    proc = subprocess.run(
+        [sys.executable, *map(str, args)],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    return proc
 
 
 def tiny_config(mode: str, **overrides):

@@ -22,6 +22,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from _sharding_check import run_python
 
 from grpo_jax import distributed as dist
 
@@ -79,19 +80,6 @@ def env4(cache, shakespeare_path):
     return _env(cache, 4, shakespeare_path)
 
 
-def _run(args, env, timeout=600):
-    proc = subprocess.run(
-        [sys.executable, *map(str, args)],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-    )
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    return proc
-
-
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -145,7 +133,7 @@ def _losses(workdir: Path) -> dict:
 def one_process(env8, tmp_path_factory):
     """1 process x 8 devices on (data=2, member=4): the reference run."""
     workdir = tmp_path_factory.mktemp("one_process") / "run"
-    _run(
+    run_python(
         ["-m", "grpo_jax.main", *COMMON, *MESH24, "--config.logging.tensorboard=False"]
         + [f"--workdir={workdir}"],
         env8,
@@ -157,7 +145,7 @@ def test_entry_point_meshes_and_checkpoint_across_meshes(one_process, env8, tmp_
     """main.py on (data=2, member=4) logs the same losses as on (data=1, member=1); its step-2
     checkpoint resumes on a single device and on (data=8, FSDP) with the same losses."""
     single_wd = tmp_path / "mesh11"
-    _run(
+    run_python(
         ["-m", "grpo_jax.main", *COMMON, "--config.logging.tensorboard=False"]
         + ["--config.mesh.data=1", "--config.mesh.member=1", f"--workdir={single_wd}"],
         env8,
@@ -166,7 +154,7 @@ def test_entry_point_meshes_and_checkpoint_across_meshes(one_process, env8, tmp_
     assert sorted(ref) == [1, 2, 3, 4] and sorted(single) == [1, 2, 3, 4]
     np.testing.assert_allclose([single[s] for s in ref], [ref[s] for s in ref], atol=TOL)
 
-    proc = _run([CHECK, "resume", one_process, tmp_path / "resume"], env8)
+    proc = run_python([CHECK, "resume", one_process, tmp_path / "resume"], env8)
     res = json.loads(proc.stdout.strip().splitlines()[-1])
     assert res["single"]["devices"] == 1
     assert res["data8"]["devices"] == 8 and "data" in res["data8"]["spec"]  # FSDP over data

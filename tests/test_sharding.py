@@ -9,7 +9,6 @@ are tests/test_multihost.py's.
 
 import json
 import os
-import subprocess
 import sys
 from pathlib import Path
 
@@ -22,7 +21,7 @@ from grpo_jax import sharding
 from grpo_jax.config_blocks import load_config
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _sharding_check import param_diff
+from _sharding_check import param_diff, run_python
 
 ROOT = Path(__file__).resolve().parents[1]
 CHECK = ROOT / "tests" / "_sharding_check.py"
@@ -86,19 +85,6 @@ def _env(tmp_cache):
     return env
 
 
-def _run(args, env, timeout=600):
-    proc = subprocess.run(
-        [sys.executable, *map(str, args)],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-    )
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    return proc
-
-
 @pytest.fixture(scope="module")
 def env8(tmp_path_factory, shakespeare_path):
     env = _env(tmp_path_factory.mktemp("xla_cache"))
@@ -110,7 +96,7 @@ def env8(tmp_path_factory, shakespeare_path):
 def equivalence(env8):
     """3 steps of sampled and exhaustive groups (batch 8) on the plain single-device path
     and on the meshes (data=8), (data=2, member=4), (member=8)."""
-    proc = _run([CHECK, "equivalence", "sampled", "exhaustive"], env8)
+    proc = run_python([CHECK, "equivalence", "sampled", "exhaustive"], env8)
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
