@@ -26,6 +26,7 @@ import logging as std_logging
 import os
 import sys
 
+import ml_collections
 from absl import app, flags, logging
 from ml_collections import config_flags
 
@@ -111,8 +112,8 @@ def run(config, workdir: str, mode: str, launch: dist.Launch | None = None):
 
 
 def main(argv):
-    if len(argv) > 1:
-        raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+    if len(argv) > 1:  # absl's UsageError would print the usage banner too
+        _fail(f"unexpected arguments {argv[1:]}: give settings as flags, e.g. --mode=eval")
     try:
         launch = dist.resolve(
             FLAGS.coordinator_address, FLAGS.num_processes, FLAGS.process_id, FLAGS.local_device_ids
@@ -132,14 +133,36 @@ def main(argv):
 
 def _resolve_config_args(argv):
     """``--config=NAME[:variant]`` → the packaged file's path, which config_flags needs; a
-    missing name or file is one line here instead of config_flags' ~50-line traceback."""
+    missing name or file, or one that does not load, is one line here instead of
+    config_flags' ~50-line traceback."""
     out = list(argv)
     for i, arg in enumerate(out):
         if arg.startswith("--config="):
-            out[i] = "--config=" + config_blocks.resolve_config_flag(arg[len("--config=") :])
+            out[i] = "--config=" + _checked_config(arg[len("--config=") :])
         elif arg == "--config" and i + 1 < len(out):
-            out[i + 1] = config_blocks.resolve_config_flag(out[i + 1])
+            out[i + 1] = _checked_config(out[i + 1])
     return out
+
+
+def _checked_config(value: str) -> str:
+    """Loads the config file once before config_flags does: a file that does not import
+    (syntax error, missing module), lacks get_config, or whose get_config raises or returns
+    no ConfigDict ends in one line naming the file; returns config_flags' ``path[:variant]``."""
+    resolved = config_blocks.resolve_config_flag(value)  # FileNotFoundError: one line
+    path, _, variant = resolved.partition(":")
+    try:
+        config = config_blocks.load_config(path, variant)
+    except (ValueError, FileNotFoundError):
+        raise  # the config file's own one-line message (an unknown variant, ...)
+    except Exception as e:
+        first = (str(e).splitlines() or [""])[0]
+        raise ValueError(f"config file {path} does not load: {type(e).__name__}: {first}") from e
+    if not isinstance(config, ml_collections.ConfigDict):
+        raise ValueError(
+            f"config file {path}: get_config() returned {type(config).__name__}, "
+            "not an ml_collections.ConfigDict"
+        )
+    return resolved
 
 
 HELP_FLAGS = ("-h", "--help", "-?")
@@ -174,8 +197,8 @@ def cli():
     argv = _help(sys.argv) if any(a in HELP_FLAGS for a in sys.argv[1:]) else sys.argv
     try:
         argv = _resolve_config_args(argv)
-    except FileNotFoundError as e:
-        _fail(str(e))
+    except (ValueError, FileNotFoundError) as e:
+        _fail(str(e).splitlines()[0])
     try:
         app.run(main, argv=argv, flags_parser=_parse_flags)
     except Exception as e:  # a config file's get_config() raising (unknown variant, ...)

@@ -39,6 +39,19 @@ def integer(field: str, value: Any, low: int = 0) -> int:
     return int(value)
 
 
+def boolean(field: str, value: Any) -> bool:
+    require(isinstance(value, bool), field, value, "must be True or False")
+    return value
+
+
+def integers(field: str, value: Any, low: int = 1) -> tuple[int, ...]:
+    ok = isinstance(value, tuple | list) and all(
+        isinstance(v, int) and not isinstance(v, bool) and v >= low for v in value
+    )
+    require(ok, field, value, f"must be a tuple of integers >= {low}, e.g. ({low}, {low + 3})")
+    return tuple(int(v) for v in value)
+
+
 def number(field: str, value: Any, low: float = -math.inf, high: float = math.inf, open_low=False):
     ok = isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
     ok = ok and (value > low if open_low else value >= low) and value <= high
@@ -174,10 +187,12 @@ class OptimSpec:
     b2: float
 
     @classmethod
-    def from_config(cls, o, learning_rate=None) -> OptimSpec:
+    def from_config(cls, o, learning_rate=None, lr_field="optim.learning_rate") -> OptimSpec:
+        """``learning_rate``: a mode's own peak (e.g. pretrain.learning_rate, named by
+        ``lr_field``) in place of optim.learning_rate."""
         lr = o.learning_rate if learning_rate is None else learning_rate
         return cls(
-            learning_rate=number("optim.learning_rate", lr, 0.0, open_low=True),
+            learning_rate=number(lr_field, lr, 0.0, open_low=True),
             warmup_steps=integer("optim.warmup_steps", o.warmup_steps),
             end_lr_fraction=number("optim.end_lr_fraction", o.end_lr_fraction, 0.0, 1.0),
             weight_decay=number("optim.weight_decay", o.weight_decay, 0.0),
@@ -197,6 +212,7 @@ class TrainSpec:
     eval_every: int
     checkpoint_every: int
     keep_checkpoints: int
+    eval_at_start: bool
 
     @classmethod
     def from_config(cls, t) -> TrainSpec:
@@ -207,6 +223,7 @@ class TrainSpec:
             eval_every=integer("train.eval_every", t.eval_every, 1),
             checkpoint_every=integer("train.checkpoint_every", t.checkpoint_every, 1),
             keep_checkpoints=integer("train.keep_checkpoints", t.keep_checkpoints, 1),
+            eval_at_start=boolean("train.eval_at_start", t.get("eval_at_start", False)),
         )
 
 
@@ -228,8 +245,10 @@ class ModelSpec:
             num_heads=integer("model.num_heads", m.num_heads, 1),
             d_model=integer("model.d_model", m.d_model, 1),
             mlp_ratio=integer("model.mlp_ratio", m.mlp_ratio, 1),
-            dropout=number("model.dropout", m.dropout, 0.0, 1.0),
-            dtype=choice("model.dtype", m.dtype, ("float32", "bfloat16", "float16")),
+            dropout=number("model.dropout", m.get("dropout", 0.0), 0.0, 1.0),
+            dtype=choice(
+                "model.dtype", m.get("dtype", "float32"), ("float32", "bfloat16", "float16")
+            ),
         )
         require(
             spec.d_model % spec.num_heads == 0,
@@ -254,4 +273,81 @@ class EngineSpec:
             GroupSpec.from_config(config.group),
             ObjectiveSpec.from_config(config.grpo),
             TrainSpec.from_config(config.train),
+        )
+
+
+@dataclasses.dataclass(frozen=True)
+class ReportSpec:
+    """How a run reports: the evaluation's shared fields, logging and diagnostics. Fields a
+    task's config lacks take the default its code would use."""
+
+    pass_k: tuple[int, ...]
+    num_samples: int
+    char_stats_every: int
+    kl_bound: float
+    patience: int
+
+    @classmethod
+    def from_config(cls, config) -> ReportSpec:
+        e, lg, d = config.eval, config.logging, config.diagnostics
+        for name in ("num_windows", "batch_size"):
+            if name in e:
+                integer(f"eval.{name}", e[name], 1)
+        if "seed" in e:
+            integer("eval.seed", e.seed)
+        if "temperature" in e:
+            number("eval.temperature", e.temperature, 0.0, open_low=True)
+        if "ngram_baselines" in e:
+            integers("eval.ngram_baselines", e.ngram_baselines, 1)
+        for name in ("tensorboard", "wandb", "progress"):
+            boolean(f"logging.{name}", lg[name])
+        project = lg.get("wandb_project", "grpo_jax")
+        require(
+            isinstance(project, str) and project.strip(),
+            "logging.wandb_project",
+            project,
+            "must be a non-empty project name",
+        )
+        low = number("diagnostics.reward_std_low", d.reward_std_low, 0.0)
+        number("diagnostics.reward_std_high", d.reward_std_high, low, open_low=True)
+        number("diagnostics.heldout_min_drop", d.heldout_min_drop, 0.0)
+        return cls(
+            pass_k=integers("eval.pass_k", e.get("pass_k", ()), 1),
+            num_samples=integer("eval.num_samples", e.get("num_samples", 0)),
+            char_stats_every=integer("logging.char_stats_every", lg.get("char_stats_every", 0)),
+            kl_bound=number("diagnostics.kl_bound", d.kl_bound, 0.0, open_low=True),
+            patience=integer("diagnostics.patience", d.patience, 1),
+        )
+
+
+@dataclasses.dataclass(frozen=True)
+class RunSpec:
+    """The settings every task shares beside the engine's: the root seed, the host loop's
+    cadences, reporting and the supervised warm-up's sizes. tasks.build_task checks them for
+    every task and mode before the task reads its data."""
+
+    seed: int
+    train: TrainSpec
+    report: ReportSpec
+
+    @classmethod
+    def from_config(cls, config) -> RunSpec:
+        require(
+            isinstance(config.get("init_from", ""), str),
+            "init_from",
+            config.init_from,
+            "must be a workdir path or ''",
+        )
+        boolean("distributed", config.get("distributed", False))
+        if "pretrain" in config:
+            p = config.pretrain
+            integer("pretrain.batch_size", p.batch_size, 1)
+            integer("pretrain.num_steps", p.num_steps)
+            integer("pretrain.seq_len", p.get("seq_len", 0))
+            number("pretrain.learning_rate", p.learning_rate, 0.0, open_low=True)
+            boolean("pretrain.before_train", p.get("before_train", False))
+        return cls(
+            seed=integer("seed", config.seed),
+            train=TrainSpec.from_config(config.train),
+            report=ReportSpec.from_config(config),
         )

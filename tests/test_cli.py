@@ -175,6 +175,7 @@ def test_checkpoint_of_another_model_shape_is_refused_untouched(tiny_run, env):
     rc, _, err = finish(
         start([*TINY_RUN, "--config.model.d_model=64", f"--workdir={workdir}"], env)
     )
-    assert_one_error_line(rc, err, "model shape", "--workdir", "--config.model.")
+    # refused by the workdir's recorded config (run_config.py) before the checkpoint is read
+    assert_one_error_line(rc, err, "model.d_model=", "(now 64)", "--workdir")
     assert snapshot(workdir) == before  # no file added, removed, resized or rewritten
     assert (workdir / "metrics.jsonl").read_bytes() == metrics

@@ -5,6 +5,7 @@ register it below; its config file sets ``config.task = "<name>"``. The trainer 
 step know no task by name.
 """
 
+from grpo_jax.specs import RunSpec
 from grpo_jax.tasks import arithmetic, fill_in, shakespeare, toy_bandit
 
 TASKS = {
@@ -19,4 +20,5 @@ def build_task(config, mode: str = "train"):
     """The task ``config.task`` names, built for ``mode``; an unknown name is one line."""
     if config.task not in TASKS:
         raise ValueError(f"task={config.task!r} is unknown; choose from {', '.join(TASKS)}")
+    RunSpec.from_config(config)  # the shared settings; the task checks its own first thing
     return TASKS[config.task](config, mode)

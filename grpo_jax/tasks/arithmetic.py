@@ -35,7 +35,7 @@ from grpo_jax.model import init_params, make_model
 from grpo_jax.policy import TokenPrompts, policy_reference, sample, transformer_policy
 from grpo_jax.rewards import RewardTerm
 from grpo_jax.rollout import SamplingParams, Stop
-from grpo_jax.specs import EngineSpec, ModelSpec, OptimSpec, choice, integer, require
+from grpo_jax.specs import EngineSpec, ModelSpec, OptimSpec, boolean, choice, integer, require
 from grpo_jax.task import Task
 from grpo_jax.tokenizer import EOS_ID, PAD_ID, CharTokenizer
 from grpo_jax.train_state import StepInputs, init_state, make_optimizer
@@ -298,6 +298,11 @@ def validate(config) -> tuple[ProblemSpec, int, int]:
         f"must hold prompts of up to {p} tokens plus {t} completion tokens; raise model.max_len",
     )
     rewards.parse_terms(config.reward.terms, REWARD_TERMS)
+    boolean("reward.python", config.reward.python)
+    integer("data.problem_seed", d.problem_seed)
+    integer("data.num_train", d.num_train, 1)
+    integer("data.num_heldout", d.num_heldout, 1)
+    ModelSpec.from_config(config.model)
     return spec, p, t
 
 
@@ -404,8 +409,7 @@ def build(config, mode: str = "train") -> Task:
         espec.group.check_vocab(tok.vocab_size)
     d = config.data
     train_set, heldout = generate_problems(
-        int(d.problem_seed), integer("data.num_train", d.num_train, 1),
-        integer("data.num_heldout", d.num_heldout, 1), spec,
+        int(d.problem_seed), int(d.num_train), int(d.num_heldout), spec
     )  # fmt: skip
     train, held = encode_set(tok, train_set, p, t), encode_set(tok, heldout, p, t)
     model = make_model(ModelSpec.from_config(config.model), tok.vocab_size, p + t)
@@ -414,15 +418,17 @@ def build(config, mode: str = "train") -> Task:
     def policy_for(sp):
         return transformer_policy(model, sp, t, stop)
 
-    pass_k = tuple(integer("eval.pass_k", k, 1) for k in config.eval.pass_k)
+    pass_k = tuple(int(k) for k in config.eval.pass_k)  # >= 1: specs.ReportSpec
     evaluate = make_evaluate(config, tok, policy_for, held, pass_k)
     block = config.pretrain if pretraining else config.train
     optim = OptimSpec.from_config(
-        config.optim, config.pretrain.learning_rate if pretraining else None
+        config.optim,
+        config.pretrain.learning_rate if pretraining else None,
+        "pretrain.learning_rate" if pretraining else "optim.learning_rate",
     )
     mu = 1 if pretraining else espec.objective.num_iterations
     tx, schedule = make_optimizer(optim, block.num_steps, updates_per_step=mu)
-    b = integer("pretrain.batch_size" if pretraining else "train.batch_size", block.batch_size, 1)
+    b = int(block.batch_size)  # >= 1: specs.RunSpec
     num_train = train.prompts.shape[0]
 
     def sample_prompts(key, data: Data):

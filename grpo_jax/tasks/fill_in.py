@@ -44,7 +44,7 @@ from grpo_jax import judge as judge_lib
 from grpo_jax import single_step
 from grpo_jax.encoder import Encoder
 from grpo_jax.rewards import RewardTerm
-from grpo_jax.specs import EngineSpec, OptimSpec, integer
+from grpo_jax.specs import EngineSpec, OptimSpec, integer, number, require
 from grpo_jax.task import Task
 from grpo_jax.train_state import TrainState, init_state, make_optimizer, supervised_update
 
@@ -70,10 +70,31 @@ def validate(config, mode: str):
     if config.judge.reward not in JUDGE_REWARDS:
         raise ValueError(f"judge.reward={config.judge.reward!r} is unknown; choose {JUDGE_REWARDS}")
     integer("data.window_len", d.window_len, 1)
+    _check_models(config)
     espec = None
     if mode not in ("train_judge", "pretrain"):
         espec = EngineSpec.from_config(config)
     return kinds, espec
+
+
+def _check_models(config) -> None:
+    """The generator's and the judge's shapes (encoder.py, judge.py); the judge's run sizes."""
+    for block in ("model", "judge"):
+        b = config[block]
+        integer(f"{block}.num_layers", b.num_layers, 1)
+        heads = integer(f"{block}.num_heads", b.num_heads, 1)
+        width = integer(f"{block}.d_model", b.d_model, 1)
+        require(
+            width % heads == 0,
+            f"{block}.d_model",
+            width,
+            f"must be divisible by {block}.num_heads={heads}",
+        )
+    integer("model.mlp_ratio", config.model.mlp_ratio, 1)
+    j = config.judge
+    integer("judge.batch_size", j.batch_size, 1)
+    integer("judge.num_steps", j.num_steps)
+    number("judge.learning_rate", j.learning_rate, 0.0, open_low=True)
 
 
 def mask_token(config, vocab: data_lib.Vocab) -> int:
@@ -112,7 +133,8 @@ def build(config, mode: str = "train") -> Task:
 
     if mode == "train_judge":
         tx, schedule = make_optimizer(
-            OptimSpec.from_config(config.optim, j.learning_rate), j.num_steps
+            OptimSpec.from_config(config.optim, j.learning_rate, "judge.learning_rate"),
+            j.num_steps,
         )
         gen_params, gen_fill = None, None
         if "generator" in kinds:  # negatives sampled by a frozen supervised generator
@@ -235,7 +257,8 @@ def build(config, mode: str = "train") -> Task:
     if mode == "pretrain":
         pc = config.pretrain
         tx, schedule = make_optimizer(
-            OptimSpec.from_config(config.optim, pc.learning_rate), pc.num_steps
+            OptimSpec.from_config(config.optim, pc.learning_rate, "pretrain.learning_rate"),
+            pc.num_steps,
         )
 
         def build_pretrain(initial_params, mesh=None):  # single-device task: mesh is unused

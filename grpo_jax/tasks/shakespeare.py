@@ -19,7 +19,16 @@ from grpo_jax import engine, pretrain, reference, rewards, sharding
 from grpo_jax import evaluate as eval_lib
 from grpo_jax.model import init_params, make_model
 from grpo_jax.policy import Reference, TokenPrompts, policy_reference, transformer_policy
-from grpo_jax.specs import EngineSpec, ModelSpec, OptimSpec, integer, require
+from grpo_jax.specs import (
+    EngineSpec,
+    ModelSpec,
+    OptimSpec,
+    boolean,
+    choice,
+    integer,
+    number,
+    require,
+)
 from grpo_jax.task import Hooks, Task
 from grpo_jax.train_state import StepInputs, init_state, make_optimizer
 
@@ -44,11 +53,14 @@ def validate(config, mode: str) -> int:
     if mode == "pretrain":
         seq = integer("pretrain.seq_len", config.pretrain.seq_len)
         require(seq <= max_len, "pretrain.seq_len", seq, f"must be <= model.max_len={max_len}")
-    kind = config.reference.kind
-    if kind not in REFERENCE_KINDS:
-        raise ValueError(
-            f"reference.kind={kind!r} is unknown; choose from {', '.join(REFERENCE_KINDS)}"
-        )
+    kind = choice("reference.kind", config.reference.kind, REFERENCE_KINDS)
+    if kind == "ngram":
+        integer("reference.ngram_order", config.reference.ngram_order, 1)
+        number("reference.smoothing", config.reference.smoothing, 0.0, open_low=True)
+    r = config.reward
+    number("reward.partial_credit", r.get("partial_credit", 0.0), 0.0, 1.0)
+    integer("reward.partial_topk", r.get("partial_topk", 1), 1)
+    boolean("reward.per_token", r.get("per_token", False))
     discount = config.reward.get("discount", 1.0)
     ok = isinstance(discount, int | float) and 0.0 <= discount <= 1.0
     require(ok, "reward.discount", discount, "must lie in [0, 1]: a discount 0 <= γ <= 1")
@@ -125,8 +137,7 @@ def build(config, mode: str = "train") -> Task:
     model = make_model(mspec, vocab.size, max_len)
     c, h = config.data.context_len, config.data.horizon
     ev_ctx, ev_tgt = data_lib.eval_windows(corpus.val, config.eval.num_windows, c, h)
-    ev_bs = integer("eval.batch_size", config.eval.batch_size, 1)
-    ev_bs = min(ev_bs, len(ev_ctx))
+    ev_bs = min(config.eval.batch_size, len(ev_ctx))  # >= 1: specs.ReportSpec
     eval_core = jax.jit(eval_lib.make_eval_fn(model, c, h, ev_bs, tuple(config.eval.pass_k)))
     ev_ctx_d, ev_tgt_d = jnp.asarray(ev_ctx), jnp.asarray(ev_tgt)
     # The n-gram baselines scored on the same windows, logged beside the policy's accuracy so
@@ -146,7 +157,9 @@ def build(config, mode: str = "train") -> Task:
     train_tokens = jnp.asarray(corpus.train)
     num_steps = config.pretrain.num_steps if pretraining else config.train.num_steps
     optim = OptimSpec.from_config(
-        config.optim, config.pretrain.learning_rate if pretraining else None
+        config.optim,
+        config.pretrain.learning_rate if pretraining else None,
+        "pretrain.learning_rate" if pretraining else "optim.learning_rate",
     )
     # GRPO steps make grpo.num_iterations optimizer updates each: the schedule spans them all
     mu = 1 if pretraining else espec.objective.num_iterations

@@ -38,7 +38,7 @@ from absl import logging
 
 from grpo_jax import objective, single_step
 from grpo_jax.rewards import RewardTerm
-from grpo_jax.specs import EngineSpec, OptimSpec, choice, integer
+from grpo_jax.specs import EngineSpec, OptimSpec, choice, integer, number
 from grpo_jax.task import Task
 from grpo_jax.train_state import init_state, make_optimizer
 
@@ -163,6 +163,13 @@ def validate(config, mode: str) -> EngineSpec:
         raise ValueError("task=toy_bandit trains its SFT policy itself; use --mode=train")
     for name in ("num_contexts", "context_dim", "vocab_size", "hidden"):
         integer(f"toy.{name}", t[name], 1)
+    integer("toy.world_seed", t.world_seed, -1)
+    number("toy.pref_temperature", t.pref_temperature, 0.0, open_low=True)
+    for stage in ("sft", "rm"):  # the task's own Adam fits
+        integer(f"toy.{stage}.num_steps", t[stage].num_steps, 1)
+        integer(f"toy.{stage}.batch_size", t[stage].batch_size, 1)
+        number(f"toy.{stage}.learning_rate", t[stage].learning_rate, 0.0, open_low=True)
+    number("toy.rm.bt_scale", t.rm.bt_scale, 0.0, open_low=True)
     spec = EngineSpec.from_config(config)
     spec.group.check_vocab(t.vocab_size)
     return spec

@@ -1,0 +1,154 @@
+"""What a workdir records about its run's config, and what a rerun on it may change.
+
+A workdir's ``config.json`` (and ``config.txt``) is written once, when its first run goes
+ahead, so that it always describes the checkpoints beside it. A later run on the same workdir
+(a resume, or a rerun of a finished run) is compared with that record *before anything is
+written*:
+
+- fields that change the model, the data or the objective (everything not in ``MUTABLE``)
+  must be equal, else the run is refused in one line naming them: a resume under another
+  seed, model or loss would continue a different experiment from these checkpoints;
+- fields that only say how long, how often or where a run executes and reports (``MUTABLE``:
+  cadences, num_steps, logging, evaluation, diagnostics, mesh) may change; the change is
+  appended to ``config_history.jsonl`` (step, field: [old, new]) when the run proceeds, and
+  later comparisons start from the record with those changes applied.
+
+Both sides go through the same JSON serialisation, so tuples, None and floats compare as
+they are stored.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import jax
+
+from grpo_jax import checkpoint as ckpt_lib
+
+HISTORY = "config_history.jsonl"
+# Fields (exact names, or prefixes ending in ".") a resumed run may change.
+MUTABLE = (
+    "train.num_steps",
+    "train.log_every",
+    "train.eval_every",
+    "train.checkpoint_every",
+    "train.keep_checkpoints",
+    "train.eval_at_start",
+    "pretrain.num_steps",
+    "judge.num_steps",
+    "eval.",
+    "logging.",
+    "diagnostics.",
+    "mesh.",
+    "distributed",
+    "data.path",  # the file may move; its content is the checkpoint's data digest's business
+)
+
+
+def check_workdir(workdir: str | os.PathLike) -> Path:
+    """The workdir as a Path, checked before anything is written: not empty, not a file, and
+    writable (it, or the nearest existing parent that would hold it). Creates nothing."""
+    if not str(workdir).strip():
+        raise ValueError("--workdir='' is empty; pass a directory, e.g. --workdir=runs/NAME")
+    path = Path(workdir).expanduser()
+    if path.exists() and not path.is_dir():
+        raise ValueError(f"--workdir {path} is a file; pass a directory")
+    existing = path
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    # os.access sees a read-only filesystem (EROFS) even for root, and a directory's mode
+    # for everyone else; a probe file would itself touch the workdir.
+    if not os.access(existing, os.W_OK | os.X_OK):
+        what = "" if existing == path else f" (its parent {existing} is not writable)"
+        raise ValueError(f"--workdir {path} is read-only{what}; pass a writable directory")
+    return path
+
+
+def flat(config: Any) -> dict[str, Any]:
+    """``{"a.b": value}`` of a ConfigDict (or dict) after a JSON round trip."""
+    if hasattr(config, "to_json_best_effort"):
+        tree = json.loads(config.to_json_best_effort())
+    else:
+        tree = json.loads(json.dumps(config, default=repr))
+    out: dict[str, Any] = {}
+
+    def walk(node, prefix):
+        for key, value in node.items():
+            if isinstance(value, dict) and value:
+                walk(value, f"{prefix}{key}.")
+            else:
+                out[f"{prefix}{key}"] = value
+
+    walk(tree, "")
+    return out
+
+
+def recorded(workdir: Path) -> dict[str, Any] | None:
+    """The config the workdir's runs used last: config.json with the history applied (None
+    when the workdir has no record)."""
+    path = workdir / "config.json"
+    if not path.is_file():
+        return None
+    try:
+        record = flat(json.loads(path.read_text()))
+        history = workdir / HISTORY
+        lines = history.read_text().splitlines() if history.is_file() else []
+        for line in filter(None, lines):
+            record.update({k: new for k, (_, new) in json.loads(line)["changed"].items()})
+    except (OSError, ValueError, KeyError, TypeError) as err:
+        raise ValueError(
+            f"{path} (or {HISTORY}) is unreadable ({type(err).__name__}); it records the "
+            "run these checkpoints belong to: restore it or use a fresh --workdir"
+        ) from err
+    return record
+
+
+def is_mutable(field: str) -> bool:
+    return any(field == m or (m.endswith(".") and field.startswith(m)) for m in MUTABLE)
+
+
+def _show(changes: dict[str, tuple], limit: int = 3) -> str:
+    shown = [f"{k}={old!r} (now {new!r})" for k, (old, new) in list(changes.items())[:limit]]
+    more = f", +{len(changes) - limit} more" if len(changes) > limit else ""
+    return ", ".join(shown) + more
+
+
+def check_resume(workdir: Path, config: Any) -> dict[str, tuple]:
+    """The mutable fields this run changes against the workdir's record ({} for a fresh
+    workdir or the same config); raises ValueError naming the fixed fields it would change."""
+    old = recorded(workdir)
+    if old is None:
+        return {}
+    new = flat(config)
+    missing = object()
+    changes = {
+        k: (old.get(k), new.get(k))
+        for k in sorted(set(old) | set(new))
+        if old.get(k, missing) != new.get(k, missing)
+    }
+    fixed = {k: v for k, v in changes.items() if not is_mutable(k)}
+    if fixed:
+        first = next(iter(fixed))
+        raise ValueError(
+            f"--workdir {workdir} holds a run with other model/data/objective settings: "
+            f"{_show(fixed)}; resume with the recorded values (e.g. --config.{first}="
+            f"{fixed[first][0]!r}, see {workdir / 'config.json'}) or use a fresh --workdir"
+        )
+    return changes
+
+
+def record(workdir: Path, config: Any, changes: dict[str, tuple], step: int) -> None:
+    """Called once the run goes ahead: writes config.json/config.txt for a workdir without a
+    record, else appends this run's changes (if any) to config_history.jsonl (process 0)."""
+    if jax.process_index() != 0:
+        return  # one writer on a shared filesystem
+    if not (workdir / "config.json").is_file():
+        ckpt_lib.save_config(workdir, config)
+        return
+    if changes:
+        entry = {"step": int(step), "changed": {k: list(v) for k, v in changes.items()}}
+        with open(workdir / HISTORY, "a") as f:
+            f.write(json.dumps(entry, sort_keys=True) + "\n")
