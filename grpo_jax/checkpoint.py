@@ -6,6 +6,12 @@ of host-side metadata). Restores are checked against the checkpoint's tree
 metadata *before* any array is read, so a config/checkpoint mismatch fails with
 one readable line instead of an orbax/tensorstore traceback, and nothing on
 disk is ever deleted or rewritten because of an error.
+
+Each step also holds an ``integrity`` item (integrity.py): digests of the vocabulary and data
+file it was trained on and of its own state bytes. A resume on other inputs is refused in one
+line; a damaged latest step (digest mismatch, unreadable files) is reported in one warning
+line and the previous intact step is restored instead. Uncommitted step folders (a crash
+mid-save) are skipped with a warning.
 """
 
 from __future__ import annotations
@@ -21,12 +27,19 @@ import numpy as np
 import orbax.checkpoint as ocp
 from absl import logging
 
+from grpo_jax import integrity
+
 _STATE = "state"
 _EXTRA = "extra"
+_INTEGRITY = "integrity"
 
 
 class CheckpointError(ValueError):
     """A checkpoint is missing, unreadable or incompatible with the config."""
+
+
+class DamagedCheckpointError(CheckpointError):
+    """A step's files are unreadable or differ from their digests: an earlier step may do."""
 
 
 def _one_line(err: BaseException, limit: int = 200) -> str:
@@ -35,19 +48,10 @@ def _one_line(err: BaseException, limit: int = 200) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
-def _key_name(key: Any) -> str:
-    # Template NamedTuples use GetAttrKey while orbax metadata turns them into
-    # dicts (DictKey) and tuples into lists, so compare paths by name only.
-    for attr in ("name", "key", "idx"):
-        if hasattr(key, attr):
-            return str(getattr(key, attr))
-    return str(key)
-
-
 def _flat(tree: Any, prefix: str = "") -> dict[str, Any]:
     """Flattens a pytree to ``{"a/b/c": leaf}``; empty nodes vanish."""
     leaves = jax.tree_util.tree_flatten_with_path(tree)[0]
-    return {prefix + "/".join(_key_name(k) for k in path): leaf for path, leaf in leaves}
+    return {prefix + "/".join(integrity.key_name(k) for k in path): leaf for path, leaf in leaves}
 
 
 def _describe(paths: set[str]) -> str:
@@ -95,10 +99,10 @@ def _abstract(tree: Any) -> Any:
 
 
 def _unreadable(where: str, err: BaseException) -> CheckpointError:
-    return CheckpointError(
-        f"{where} is unreadable ({_one_line(err)}); "
-        "delete that step's folder or restore an earlier one"
-    )
+    return DamagedCheckpointError(f"{where} is unreadable ({_one_line(err)})")
+
+
+_FIX = "delete that step's folder or restore an earlier one"
 
 
 def _saved_tree(manager: ocp.CheckpointManager, step: int, where: str) -> Any:
@@ -116,7 +120,8 @@ class Checkpointer:
     """Saves/restores the training state under ``directory`` (``workdir/checkpoints``).
 
     Saves are asynchronous (training continues while arrays are written);
-    ``wait()`` or ``close()`` make them durable.
+    ``wait()`` or ``close()`` make them durable. ``identity`` (integrity.run_identity) is
+    recorded with every save and checked by every restore.
     """
 
     def __init__(
@@ -124,25 +129,30 @@ class Checkpointer:
         directory: str | os.PathLike,
         keep: int | None = 3,
         save_interval_steps: int = 1,
+        identity: dict | None = None,
     ):
         self.directory = Path(directory).expanduser().absolute()
         if self.directory.exists() and not self.directory.is_dir():
             raise ValueError(f"checkpoint directory {self.directory} is a file; pass a directory")
         if keep is not None and keep < 1:
             raise ValueError(f"keep must be >= 1 or None (keep all), got {keep}")
+        self.identity = dict(identity or {})
+        self._damaged: set[int] = set()  # steps found damaged here: a save may set them aside
+        self._warned: set[str] = set()
         self.directory.mkdir(parents=True, exist_ok=True)
         options = ocp.CheckpointManagerOptions(
             save_interval_steps=save_interval_steps,
             preservation_policy=ocp.checkpoint_managers.LatestN(n=keep),
             enable_async_checkpointing=True,
         )
-        # Registering both handlers up front lets metadata/restores work on a
+        # Registering every handler up front lets metadata/restores work on a
         # directory written by an earlier process, before any save here.
         self._manager = ocp.CheckpointManager(
             self.directory,
             item_handlers={
                 _STATE: ocp.StandardCheckpointHandler(),
                 _EXTRA: ocp.JsonCheckpointHandler(),
+                _INTEGRITY: ocp.JsonCheckpointHandler(),
             },
             options=options,
         )
@@ -150,47 +160,119 @@ class Checkpointer:
     def _where(self, step: int) -> str:
         return f"checkpoint at {self.directory} step {step}"
 
+    def committed_steps(self) -> list[int]:
+        """Saved steps whose save finished; warns once about each uncommitted folder."""
+        steps, uncommitted = integrity.step_dirs(self.directory)
+        for name in uncommitted:
+            if name not in self._warned and jax.process_index() == 0:
+                logging.warning(
+                    "ignoring uncommitted checkpoint folder %s (a save that never finished)",
+                    self.directory / name,
+                )
+            self._warned.add(name)
+        return steps
+
     def latest_step(self) -> int | None:
-        """The newest saved step, or None when there is none."""
-        return self._manager.latest_step()
+        """The newest committed step, or None when there is none."""
+        steps = self.committed_steps()
+        return steps[-1] if steps else None
+
+    def _set_aside(self, step: int) -> bool:
+        """Renames a damaged or uncommitted step folder to ``<step>.damaged[-n]`` so that this
+        step can be saved again; its bytes stay on disk for inspection, never deleted."""
+        if jax.process_count() > 1:
+            return False  # one renamer on a shared filesystem would race the others' saves
+        src = self.directory / str(step)
+        n, dst = 0, self.directory / f"{step}.damaged"
+        while dst.exists():
+            n += 1
+            dst = self.directory / f"{step}.damaged-{n}"
+        src.rename(dst)
+        self._manager.reload()
+        logging.warning("moved the damaged or uncommitted %s aside to %s", src, dst.name)
+        return True
 
     def save(self, step: int, state: Any, force: bool = False, extra: dict | None = None) -> bool:
         """Saves ``state`` (and the JSON-able ``extra``) at ``step``; returns whether it saved.
 
-        Skips steps not on ``save_interval_steps`` unless ``force``. An existing
-        step is never overwritten (e.g. saving again right after a resume).
+        Skips steps not on ``save_interval_steps`` unless ``force``. An existing intact
+        step is never overwritten (e.g. saving again right after a resume); a damaged or
+        uncommitted one is set aside first.
         """
         step = int(step)
-        if step in self._manager.all_steps():
-            if jax.process_index() == 0:  # every process skips; one says so
-                logging.warning("%s already exists; not overwriting it", self._where(step))
-            return False
-        items = {_STATE: ocp.args.StandardSave(state)}
+        if (self.directory / str(step)).exists():
+            intact = step in self.committed_steps() and step not in self._damaged
+            if intact or not self._set_aside(step):
+                if jax.process_index() == 0:  # every process skips; one says so
+                    logging.warning("%s already exists; not overwriting it", self._where(step))
+                return False
+        # Digests from one host copy of the state: a save is a host sync anyway, and this
+        # is the only extra transfer (cheap for the small models this framework trains).
+        record = {"identity": self.identity, "state_sha256": integrity.state_sha256(state)}
+        items = {_STATE: ocp.args.StandardSave(state), _INTEGRITY: ocp.args.JsonSave(record)}
         if extra is not None:
             items[_EXTRA] = ocp.args.JsonSave(extra)
         return self._manager.save(step, args=ocp.args.Composite(**items), force=force)
 
     def restore(self, state_template: Any, step: int | None = None) -> Any:
-        """Restores the state at ``step`` (default: latest) shaped/sharded like the template.
+        """Restores the state at ``step`` (default: the latest intact one) shaped/sharded like
+        the template.
 
-        Raises CheckpointError (one line) when there is no checkpoint, when it
-        does not match the template, or when it cannot be read.
+        Raises CheckpointError (one line) when there is no checkpoint, when it does not
+        match the template or the run's identity, or when no step is intact. Without
+        ``step``, a damaged step is reported in one warning line and the previous one tried.
         """
         self.wait()  # A restore must not race an in-flight save of that step.
-        step = self.latest_step() if step is None else int(step)
-        if step is None:
+        steps = self.committed_steps()
+        if step is not None:
+            if int(step) not in steps:
+                raise CheckpointError(f"{self._where(step)} does not exist; saved steps: {steps}")
+            return self._restore_step(state_template, int(step))
+        if not steps:
             raise CheckpointError(f"no checkpoint found in {self.directory}")
+        problems = []
+        for i, candidate in enumerate(reversed(steps)):
+            try:
+                return self._restore_step(state_template, candidate)
+            except DamagedCheckpointError as err:
+                self._damaged.add(candidate)
+                problems.append(str(err))
+                if i + 1 < len(steps) and jax.process_index() == 0:
+                    logging.warning("%s; falling back to the previous checkpoint", err)
+        if len(problems) == 1:
+            raise CheckpointError(f"{problems[0]}; {_FIX}")
+        raise CheckpointError(
+            f"no intact checkpoint in {self.directory} ({'; '.join(problems)}); move the "
+            "damaged step folders aside to start afresh"
+        )
+
+    def _integrity(self, step: int, where: str) -> dict:
+        if not (self.directory / str(step) / _INTEGRITY).exists():
+            return {}  # saved before checkpoints recorded digests: nothing to check
+        args = ocp.args.Composite(**{_INTEGRITY: ocp.args.JsonRestore()})
+        try:
+            return self._manager.restore(step, args=args)[_INTEGRITY] or {}
+        except Exception as err:
+            raise _unreadable(where, err) from err
+
+    def _restore_step(self, state_template: Any, step: int) -> Any:
         where = self._where(step)
-        if step not in (steps := list(self._manager.all_steps())):
-            raise CheckpointError(f"{where} does not exist; saved steps: {steps}")
         _check_compatible(
             _flat(_saved_tree(self._manager, step, where)), _flat(state_template), where
         )
+        record = self._integrity(step, where)
+        mismatch = integrity.identity_mismatch(step, record.get("identity", {}), self.identity)
+        if mismatch:
+            raise CheckpointError(mismatch)  # every step shares it: no fallback
         args = ocp.args.Composite(**{_STATE: ocp.args.StandardRestore(_abstract(state_template))})
         try:
-            return self._manager.restore(step, args=args)[_STATE]
+            state = self._manager.restore(step, args=args)[_STATE]
         except Exception as err:  # Metadata was fine, so the data is bad.
             raise _unreadable(where, err) from err
+        bad = integrity.state_mismatch(record.get("state_sha256"), integrity.state_sha256(state))
+        if bad:
+            raise DamagedCheckpointError(f"{where} is damaged: {bad}")
+        return state
 
     def restore_extra(self, step: int | None = None) -> dict | None:
         """The ``extra`` dict saved with ``step`` (default: latest), or None if absent."""
@@ -226,6 +308,13 @@ def load_params(checkpoint_dir_or_workdir: str | os.PathLike, params_template: A
     Only ``params`` is read (orbax partial restore), so no optimizer-state
     template is needed and the optimizer may differ from the saved run's.
     """
+    try:
+        return _load_params(checkpoint_dir_or_workdir, params_template)
+    except DamagedCheckpointError as err:
+        raise CheckpointError(f"{err}; {_FIX}") from err
+
+
+def _load_params(checkpoint_dir_or_workdir: str | os.PathLike, params_template: Any) -> Any:
     path = Path(checkpoint_dir_or_workdir).expanduser().absolute()
     if (path / "checkpoints").is_dir():
         path = path / "checkpoints"
@@ -238,6 +327,7 @@ def load_params(checkpoint_dir_or_workdir: str | os.PathLike, params_template: A
     handlers = {
         _STATE: ocp.PyTreeCheckpointHandler(),
         _EXTRA: ocp.JsonCheckpointHandler(),
+        _INTEGRITY: ocp.JsonCheckpointHandler(),
     }
     with ocp.CheckpointManager(path, item_handlers=handlers, options=options) as mngr:
         step = mngr.latest_step()
@@ -302,8 +392,7 @@ def save_config(workdir: str | os.PathLike, config: Any) -> None:
 
 
 def latest_step_of(directory: str | os.PathLike) -> int | None:
-    """The newest finalized step under ``directory`` (None when it has none), without opening
-    a manager: orbax names a step's folder by its number only once the save is committed."""
-    path = Path(directory).expanduser()
-    steps = [int(p.name) for p in path.glob("*") if p.is_dir() and p.name.isdigit()]
-    return max(steps) if steps else None
+    """The newest committed step under ``directory`` (None when it has none), without opening
+    a manager (uncommitted folders, e.g. of a crash mid-save, do not count)."""
+    steps = integrity.step_dirs(Path(directory).expanduser())[0]
+    return steps[-1] if steps else None

@@ -164,6 +164,7 @@ class Corpus(NamedTuple):
     vocab: Vocab
     train: np.ndarray  # int32 [N_train]
     val: np.ndarray  # int32 [N_val]
+    sha256: str = ""  # of the file read: checkpoints record it (integrity.py)
 
 
 def load_corpus(data_config) -> Corpus:
@@ -176,7 +177,8 @@ def load_corpus(data_config) -> Corpus:
     frac = float(get("train_fraction", 0.9))
     if not 0.0 < frac < 1.0:
         raise ValueError(f"data.train_fraction={frac} must lie strictly in (0, 1)")
-    text = resolve_data_path(get("path", "")).read_text(encoding="utf-8")
+    path = resolve_data_path(get("path", ""))
+    text = path.read_text(encoding="utf-8")
     vocab = Vocab.from_text(text)  # from the whole text so val chars encode
     tokens = vocab.encode(text)
     split = int(len(tokens) * frac)
@@ -189,7 +191,7 @@ def load_corpus(data_config) -> Corpus:
                 f"context_len + horizon = {window}: change data.train_fraction "
                 "or use a larger corpus"
             )
-    return Corpus(vocab, train, val)
+    return Corpus(vocab, train, val, file_sha256(path))
 
 
 def random_windows(key, tokens, batch_size: int, width: int) -> jax.Array:

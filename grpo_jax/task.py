@@ -34,3 +34,4 @@ class Task(NamedTuple):
     hooks: Hooks = Hooks()
     log_keys: tuple = ()  # the task's headline metrics for the progress line
     heldout_key: str = ""  # the held-out metric the reward-hacking diagnostic watches
+    data_sha256: str = ""  # sha256 of the data file read (checkpoints record it), "" for none

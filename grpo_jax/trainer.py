@@ -16,7 +16,7 @@ import jax
 from absl import logging
 
 from grpo_jax import checkpoint as ckpt_lib
-from grpo_jax import diagnostics, sharding
+from grpo_jax import diagnostics, integrity, sharding
 from grpo_jax.distributed import is_main_process
 from grpo_jax.metric_writers import MetricWriter, ProgressBar
 from grpo_jax.specs import TrainSpec
@@ -60,6 +60,11 @@ def trace_once(fn):
 
 class NonFiniteLossError(RuntimeError):
     """Raised when the loss is NaN/inf; the last good checkpoint is left in place."""
+
+
+def run_identity(task):
+    """What this run's checkpoints record and a resume checks: the vocabulary and data file."""
+    return integrity.run_identity(task.vocab, task.data_sha256)
 
 
 def initial_params(config, task):
@@ -113,7 +118,9 @@ def train_and_evaluate(config, workdir: str, mode: str = "train"):
         wrap=trace_once,
     )
     workdir = ckpt_lib.ensure_workdir(workdir)  # after the config checks: bad input makes no dir
-    ckpt = ckpt_lib.Checkpointer(workdir / "checkpoints", keep=tc.keep_checkpoints)
+    ckpt = ckpt_lib.Checkpointer(
+        workdir / "checkpoints", keep=tc.keep_checkpoints, identity=run_identity(task)
+    )
     if ckpt.latest_step() is not None:
         try:
             state = ckpt.restore(state)  # onto the template's shardings: this run's mesh
@@ -206,7 +213,9 @@ def restore_params(config, workdir: str, task=None):
     task = task or build_task(config, "eval")
     params = initial_params(config, task)
     workdir = ckpt_lib.ensure_workdir(workdir)
-    ckpt = ckpt_lib.Checkpointer(workdir / "checkpoints", keep=config.train.keep_checkpoints)
+    ckpt = ckpt_lib.Checkpointer(
+        workdir / "checkpoints", keep=config.train.keep_checkpoints, identity=run_identity(task)
+    )
     if ckpt.latest_step() is not None:
         params = ckpt.restore(task.make_state(params)).params
     ckpt.close()

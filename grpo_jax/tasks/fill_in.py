@@ -166,6 +166,7 @@ def build(config, mode: str = "train") -> Task:
             tokens_per_step=int(2 * j.batch_size * length),
             num_steps=int(j.num_steps),
             vocab=vocab,
+            data_sha256=corpus.sha256,
         )
 
     use_judge = mode == "train" or (
@@ -272,6 +273,7 @@ def build(config, mode: str = "train") -> Task:
             tokens_per_step=int(pc.batch_size * length),
             num_steps=int(pc.num_steps),
             vocab=vocab,
+            data_sha256=corpus.sha256,
         )
 
     mu = espec.objective.num_iterations  # updates per step: the schedule spans them all
@@ -293,6 +295,7 @@ def build(config, mode: str = "train") -> Task:
         vocab=vocab,
         log_keys=("loss", "reward", "kl", "eval/fill_accuracy"),
         heldout_key="eval/fill_accuracy",
+        data_sha256=corpus.sha256,
     )
 
 

@@ -210,4 +210,5 @@ def build(config, mode: str = "train") -> Task:
         hooks=char_stats_hooks(int(config.logging.get("char_stats_every", 0)), vocab),
         log_keys=("loss", "reward", "kl", "eval/next_char_accuracy"),
         heldout_key="eval/rollout_accuracy",
+        data_sha256=corpus.sha256,
     )

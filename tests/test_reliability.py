@@ -1,0 +1,171 @@
+"""Reliability (issue 16): checkpoints that prove their integrity, clean interrupts, and logs
+that stay true across resumes.
+
+The in-process runs share the session's persistent compilation cache (conftest.py
+``fast_compiles``), so after the first compile each costs little more than its steps.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import shutil
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from grpo_jax import checkpoint as ckpt_lib
+from grpo_jax import trainer
+from grpo_jax.config_blocks import load_config
+
+pytestmark = pytest.mark.usefixtures("fast_compiles")  # conftest.py
+
+
+def tiny(data_path, num_steps=4, **train):
+    c = load_config("shakespeare", "tiny")
+    c.data.path = str(data_path)
+    c.train.num_steps = num_steps
+    c.train.eval_every = 100  # evaluation only at the end: these tests are about the loop
+    c.train.checkpoint_every = 2
+    c.train.keep_checkpoints = 3
+    c.train.update(train)
+    return c
+
+
+def host(tree):
+    return [np.asarray(x) for x in jax.tree.leaves(jax.device_get(tree))]
+
+
+def assert_bitwise(a, b):
+    la, lb = host(a), host(b)
+    assert len(la) == len(lb)
+    for x, y in zip(la, lb, strict=True):
+        assert x.dtype == y.dtype and x.tobytes() == y.tobytes()
+
+
+def snapshot(directory: Path) -> dict[str, bytes]:
+    return {
+        str(p.relative_to(directory)): p.read_bytes() for p in directory.rglob("*") if p.is_file()
+    }
+
+
+def warnings_of(caplog) -> list[str]:
+    return [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+
+
+def flip_bit(step_dir: Path) -> Path:
+    """Flips one bit in the middle of the step's largest data file (the arrays' bytes, which
+    orbax stores without a checksum: the restore succeeds with other values); returns it."""
+    path = max(
+        (p for p in (step_dir / "state").rglob("d/*") if p.is_file()),
+        key=lambda p: p.stat().st_size,
+    )
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2] ^= 0x04
+    path.write_bytes(bytes(data))
+    return path
+
+
+def test_bit_flip_is_named_and_the_run_falls_back(tmp_path, shakespeare_path, caplog):
+    config = tiny(shakespeare_path)
+    work = tmp_path / "run"
+    final, _ = trainer.train_and_evaluate(config, str(work), "train")  # checkpoints 2 and 4
+    flip_bit(work / "checkpoints" / "4")
+    damaged = snapshot(work / "checkpoints" / "4")
+    caplog.set_level(logging.WARNING)
+    again, _ = trainer.train_and_evaluate(config, str(work), "train")
+    lines = [w for w in warnings_of(caplog) if "damaged" in w]
+    assert len(lines) >= 1 and "\n" not in lines[0], warnings_of(caplog)
+    # The middle of the largest data file holds Adam's moments here; a flip in the params
+    # file reads "params" (both are named by the same check).
+    named = r"step 4 is damaged: (params|opt_state) bytes do not match the digest saved with them"
+    assert re.search(
+        named + r" \((params|opt_state): saved [0-9a-f]{12}…, read [0-9a-f]{12}…\)", lines[0]
+    )
+    assert lines[0].endswith("falling back to the previous checkpoint")
+    # Resumed from step 2 and retrained steps 3-4: bitwise the uninterrupted run's state.
+    assert int(again.step) == 4
+    assert_bitwise(again, final)
+    # The damaged folder was set aside, byte for byte, not deleted or rewritten.
+    assert snapshot(work / "checkpoints" / "4.damaged") == damaged
+    assert ckpt_lib.latest_step_of(work / "checkpoints") == 4
+
+
+def test_same_size_corpus_with_other_characters_is_refused(tmp_path, shakespeare_path):
+    corpus = tmp_path / "corpus.txt"
+    text = shakespeare_path.read_text(encoding="utf-8")
+    assert "Z" in text and "~" not in text
+    corpus.write_text(text, encoding="utf-8")
+    config = tiny(corpus, num_steps=2)
+    trainer.train_and_evaluate(config, str(tmp_path / "run"), "train")
+    before = snapshot(tmp_path / "run")
+    corpus.write_text(text.replace("Z", "~"), encoding="utf-8")  # same size, same V = 65
+    config.train.num_steps = 4
+    with pytest.raises(ckpt_lib.CheckpointError) as err:
+        trainer.train_and_evaluate(config, str(tmp_path / "run"), "train")
+    msg = str(err.value)
+    assert "\n" not in msg
+    assert msg.startswith("checkpoint step 2 was trained on a vocabulary with digest ")
+    assert "same-size corpus with other characters?" in msg
+    assert snapshot(tmp_path / "run") == before
+
+
+# --- Checkpointer-level: damaged and uncommitted steps (no model, no compile) -------------
+
+
+def state_of(seed: int):
+    w = jax.random.normal(jax.random.PRNGKey(seed), (256,))
+    return {"params": {"w": w}, "step": jnp.asarray(seed, jnp.int32)}
+
+
+def saved(directory: Path, steps=(1, 2)) -> Path:
+    with ckpt_lib.Checkpointer(directory) as ckpt:
+        for s in steps:
+            ckpt.save(s, state_of(s), force=True)
+    return directory
+
+
+def test_emptied_manifest_falls_back_then_refuses(tmp_path, caplog):
+    directory = saved(tmp_path / "checkpoints")
+    (directory / "2" / "state" / "manifest.ocdbt").write_bytes(b"")
+    caplog.set_level(logging.WARNING)
+    with ckpt_lib.Checkpointer(directory) as ckpt:
+        assert_bitwise(ckpt.restore(state_of(0)), state_of(1))
+    line = [w for w in warnings_of(caplog) if "unreadable" in w]
+    assert len(line) == 1 and "\n" not in line[0]
+    assert line[0].startswith(f"checkpoint at {directory} step 2 is unreadable (")
+    (directory / "1" / "state" / "manifest.ocdbt").write_bytes(b"")
+    before = snapshot(directory)
+    with ckpt_lib.Checkpointer(directory) as ckpt:
+        with pytest.raises(ckpt_lib.CheckpointError) as err:
+            ckpt.restore(state_of(0))
+    msg = str(err.value)
+    assert "\n" not in msg and msg.startswith(f"no intact checkpoint in {directory} (")
+    assert "step 2 is unreadable" in msg and "step 1 is unreadable" in msg
+    assert snapshot(directory) == before  # never deleted or rewritten
+
+
+def test_uncommitted_step_folders_are_ignored_with_a_warning(tmp_path, caplog):
+    directory = saved(tmp_path / "checkpoints")
+    shutil.copytree(directory / "2", directory / "3")  # a save that never committed
+    (directory / "3" / "commit_success.txt").unlink(missing_ok=True)
+    (directory / "3" / "_CHECKPOINT_METADATA").unlink()
+    (directory / "4.orbax-checkpoint-tmp-123").mkdir()  # orbax's own unfinished save
+    caplog.set_level(logging.WARNING)
+    with ckpt_lib.Checkpointer(directory) as ckpt:
+        assert ckpt.latest_step() == 2
+        assert_bitwise(ckpt.restore(state_of(0)), state_of(2))
+        ignored = [w for w in warnings_of(caplog) if w.startswith("ignoring uncommitted")]
+        assert sorted(w.split(" ")[4].rsplit("/", 1)[1] for w in ignored) == [
+            "3",
+            "4.orbax-checkpoint-tmp-123",
+        ]
+        # The run goes on: step 3 is saved, the stray folder set aside (not deleted).
+        assert ckpt.save(3, state_of(3), force=True)
+        ckpt.wait()
+        assert_bitwise(ckpt.restore(state_of(0)), state_of(3))
+    assert (directory / "3.damaged" / "state").is_dir()
+    assert ckpt_lib.latest_step_of(directory) == 3
