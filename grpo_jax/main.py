@@ -129,6 +129,10 @@ def main(argv):
         # Bad input: one line, non-zero exit, nothing destroyed (see checkpoint.py).
         logging.flush()
         _fail(str(e).splitlines()[0] if str(e) else type(e).__name__)
+    except KeyboardInterrupt as e:  # interrupts.Interrupted: the step is saved; 128 + signum
+        logging.flush()
+        print(str(e) or "interrupted by SIGINT", file=sys.stderr)
+        sys.exit(getattr(e, "exit_code", 130))
 
 
 def _resolve_config_args(argv):

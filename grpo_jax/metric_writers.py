@@ -81,6 +81,27 @@ def _safe_name(name: str) -> str:
     return re.sub(r"[^\w.-]+", "_", name).strip("._") or "text"
 
 
+def _truncate_rows(path: Path, last_step: int) -> None:
+    """Rewrites ``path`` keeping the lines of rows with step <= ``last_step`` (byte for byte,
+    so an uninterrupted run's file and a resumed one's agree). Write-then-rename: a crash
+    here leaves the old file, never a half-written one."""
+    with open(path, encoding="utf-8") as f:
+        lines = f.readlines()
+    kept = []
+    for line in lines:
+        try:
+            step = json.loads(line).get("step")
+        except (json.JSONDecodeError, AttributeError):
+            continue  # a partial row of a crash mid-write: read_metrics would skip it too
+        if isinstance(step, int) and step <= last_step:
+            kept.append(line if line.endswith("\n") else line + "\n")
+    if len(kept) == len(lines):
+        return
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text("".join(kept), encoding="utf-8")
+    os.replace(tmp, path)
+
+
 def _ends_mid_line(path: Path) -> bool:
     if path.stat().st_size == 0:
         return False
@@ -99,7 +120,11 @@ class MetricWriter:
         wandb: bool = False,
         wandb_project: str = "grpo_jax",
         config: Any = None,
+        start_step: int | None = None,
     ):
+        """``start_step``: the step a run starts (or resumes) from. Rows and TensorBoard
+        events past it came from a run killed after its last checkpoint; the steps are about
+        to be logged again, so they are dropped and each step appears once."""
         self.workdir = Path(workdir)
         self.enabled = jax.process_index() == 0
         self._jsonl = self._tb = self._wandb = None
@@ -108,6 +133,8 @@ class MetricWriter:
         self.workdir.mkdir(parents=True, exist_ok=True)
         # Append: a resumed run continues the same file rather than losing history.
         path = self.workdir / "metrics.jsonl"
+        if start_step is not None and path.exists():
+            _truncate_rows(path, int(start_step))
         self._jsonl = open(path, "a", encoding="utf-8")
         if _ends_mid_line(path):
             # A crash mid-write left a partial last line; start ours on a fresh
@@ -116,7 +143,9 @@ class MetricWriter:
         if tensorboard:
             from tensorboardX import SummaryWriter  # Deferred: slow-ish import.
 
-            self._tb = SummaryWriter(logdir=str(self.workdir / "tb"))
+            # purge_step: TensorBoard hides the old event files' events at steps >= it.
+            purge = None if start_step is None else int(start_step) + 1
+            self._tb = SummaryWriter(logdir=str(self.workdir / "tb"), purge_step=purge)
         if wandb:
             self._wandb = self._init_wandb(wandb_project, config)
 

@@ -16,7 +16,7 @@ import jax
 from absl import logging
 
 from grpo_jax import checkpoint as ckpt_lib
-from grpo_jax import diagnostics, integrity, sharding
+from grpo_jax import diagnostics, integrity, interrupts, sharding
 from grpo_jax.distributed import is_main_process
 from grpo_jax.metric_writers import MetricWriter, ProgressBar
 from grpo_jax.specs import TrainSpec
@@ -95,7 +95,13 @@ def warm_up(config, workdir):
 def train_and_evaluate(config, workdir: str, mode: str = "train"):
     """Runs GRPO (mode=train) or a supervised mode (pretrain, train_judge) in ``workdir``.
 
-    Returns the final TrainState and the last logged metrics."""
+    Returns the final TrainState and the last logged metrics. SIGINT/SIGTERM during the run
+    finish the current step, save it and raise interrupts.Interrupted (interrupts.py)."""
+    with interrupts.deferred():
+        return _train_and_evaluate(config, workdir, mode)
+
+
+def _train_and_evaluate(config, workdir: str, mode: str = "train"):
     quiet_orbax()
     task = build_task(config, mode)  # every setting is checked before the workdir is touched
     if mode == "train" and config.get("pretrain", {}).get("before_train", False):
@@ -138,6 +144,7 @@ def train_and_evaluate(config, workdir: str, mode: str = "train"):
         wandb=config.logging.wandb,
         wandb_project=config.logging.wandb_project,
         config=config,
+        start_step=int(state.step),  # a resume drops the rows it is about to log again
     )
     try:
         return _loop(config, task, tc, jstep, state, inputs, workdir, ckpt, writer)
@@ -187,11 +194,24 @@ def _loop(config, task, tc, jstep, state, inputs, workdir, ckpt, writer):
             if done % tc.checkpoint_every == 0 or done == task.num_steps:
                 ckpt.save(done, state, force=True)
             bar.update(done, **{k: last[k] for k in task.log_keys if k in last})
+            if interrupts.requested() is not None:
+                _stop(ckpt, writer, done, state)
     finally:
         bar.close()
     if task.hooks.on_end is not None and main_process:
         task.hooks.on_end(workdir)
     return state, last
+
+
+def _stop(ckpt, writer, done, state):
+    """On a signal: save this step (unless the cadence just did), make it durable, flush the
+    logs, and raise Interrupted for the CLI's one line and exit status."""
+    ckpt.wait()  # the cadence may have just saved this step (asynchronously)
+    if ckpt.latest_step() != done:
+        ckpt.save(done, state, force=True)
+        ckpt.wait()
+    writer.flush()
+    raise interrupts.Interrupted(interrupts.requested(), done)
 
 
 def _evaluate(task, params, step, writer, monitor):

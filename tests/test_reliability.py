@@ -7,19 +7,28 @@ The in-process runs share the session's persistent compilation cache (conftest.p
 
 from __future__ import annotations
 
+import json
 import logging
+import os
 import re
 import shutil
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from conftest import compilation_cache_dir
+from test_cli import ABSL_LOG_LINE
 
 from grpo_jax import checkpoint as ckpt_lib
 from grpo_jax import trainer
 from grpo_jax.config_blocks import load_config
+from grpo_jax.metric_writers import read_metrics
 
 pytestmark = pytest.mark.usefixtures("fast_compiles")  # conftest.py
 
@@ -169,3 +178,104 @@ def test_uncommitted_step_folders_are_ignored_with_a_warning(tmp_path, caplog):
         assert_bitwise(ckpt.restore(state_of(0)), state_of(3))
     assert (directory / "3.damaged" / "state").is_dir()
     assert ckpt_lib.latest_step_of(directory) == 3
+
+
+# --- Through the entry point: SIGTERM, SIGKILL and the logs after a resume ----------------
+
+ROOT = Path(__file__).resolve().parents[1]
+TOY = [
+    "--config=toy_bandit:tiny",
+    "--config.train.num_steps=400",
+    "--config.train.log_every=1",
+    "--config.train.eval_every=200",
+]
+TIMING = ("tokens_per_s", "step_time_s")
+
+
+@pytest.fixture(scope="module")
+def env(tmp_path_factory):
+    env = dict(os.environ)
+    env.update(
+        JAX_COMPILATION_CACHE_DIR=str(compilation_cache_dir(tmp_path_factory)),
+        JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0",
+        JAX_DISABLE_MOST_OPTIMIZATIONS="1",
+    )
+    return env
+
+
+def start(workdir, env, *extra):
+    args = [sys.executable, "-m", "grpo_jax.main", *TOY, *extra, f"--workdir={workdir}"]
+    return subprocess.Popen(args, cwd=ROOT, env=env, stderr=subprocess.PIPE, text=True)
+
+
+def finish(proc):
+    _, err = proc.communicate(timeout=300)
+    return proc.returncode, err
+
+
+def rows_without_timing(workdir):
+    return [{k: v for k, v in r.items() if k not in TIMING} for r in read_metrics(workdir)]
+
+
+def signal_after(proc, workdir, rows, signum):
+    """Sends ``signum`` once metrics.jsonl has ``rows`` rows (the run is mid-way)."""
+    path = Path(workdir) / "metrics.jsonl"
+    deadline = time.monotonic() + 120
+    while not (path.exists() and path.read_text().count("\n") >= rows):
+        assert proc.poll() is None and time.monotonic() < deadline, "run ended before the signal"
+        time.sleep(0.05)
+    proc.send_signal(signum)
+
+
+def state_digest(workdir, step):
+    """The saved state's digests (integrity.py): equal digests = bitwise equal states."""
+    path = Path(workdir) / "checkpoints" / str(step) / "integrity" / "metadata"
+    return json.loads(path.read_text())["state_sha256"]
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory, env):
+    workdir = tmp_path_factory.mktemp("uninterrupted")
+    rc, err = finish(start(workdir, env))
+    assert rc == 0, err
+    return workdir
+
+
+def test_sigterm_saves_the_step_and_the_rerun_is_bitwise_uninterrupted(
+    tmp_path, env, uninterrupted
+):
+    proc = start(tmp_path, env)
+    signal_after(proc, tmp_path, 30, signal.SIGTERM)
+    rc, err = finish(proc)
+    assert rc == 143, err
+    assert "Traceback" not in err and "Segmentation" not in err
+    lines = [line for line in err.splitlines() if not ABSL_LOG_LINE.match(line)]
+    assert len(lines) == 1, err
+    match = re.fullmatch(
+        r"interrupted by SIGTERM at step (\d+): checkpoint saved, rerun the same command to "
+        r"resume",
+        lines[0],
+    )
+    assert match, lines[0]
+    step = int(match.group(1))
+    assert 30 <= step < 400
+    assert ckpt_lib.latest_step_of(tmp_path / "checkpoints") == step  # the step itself
+    assert read_metrics(tmp_path)[-1]["step"] == step  # the writers were flushed
+    rc, err = finish(start(tmp_path, env))
+    assert rc == 0, err
+    assert state_digest(tmp_path, 400) == state_digest(uninterrupted, 400)
+    assert rows_without_timing(tmp_path) == rows_without_timing(uninterrupted)
+
+
+def test_after_sigkill_the_resumed_logs_hold_each_step_once(tmp_path, env, uninterrupted):
+    proc = start(tmp_path, env, "--config.train.checkpoint_every=50")
+    signal_after(proc, tmp_path, 120, signal.SIGKILL)
+    finish(proc)
+    saved = ckpt_lib.latest_step_of(tmp_path / "checkpoints")
+    killed_at = read_metrics(tmp_path)[-1]["step"]
+    assert saved is not None and killed_at > saved  # rows past the checkpoint to drop
+    rc, err = finish(start(tmp_path, env, "--config.train.checkpoint_every=50"))
+    assert rc == 0, err
+    steps = [r["step"] for r in read_metrics(tmp_path) if "loss" in r]  # the step rows
+    assert steps == list(range(1, 401))  # each step once, in order
+    assert rows_without_timing(tmp_path) == rows_without_timing(uninterrupted)

@@ -1,0 +1,67 @@
+"""SIGINT and SIGTERM during training: finish the step, save, exit with one line.
+
+A preempted TPU VM or a cluster's time limit sends SIGTERM; a user presses Ctrl-C. Python's
+defaults lose every step since the last periodic checkpoint (SIGTERM) or unwind from wherever
+the KeyboardInterrupt lands, inside XLA's compiler included (a segmentation fault once in a
+few tries). ``deferred()`` instead only records the signal; the loop checks ``requested()``
+between steps, saves, and raises ``Interrupted``, which the CLI turns into one line and
+exit status 128 + signum. A second signal exits at once. The handlers are installed only for
+the duration of a training run and restored afterwards, so importing the library in a
+notebook or another program changes no signal handling.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import sys
+import threading
+
+SIGNALS = (signal.SIGINT, signal.SIGTERM)
+_pending: list[int] = []  # the signals received while a run's handlers are installed
+_depth = 0  # nested runs (the warm-up's pretraining inside a train run) share the handlers
+
+
+class Interrupted(KeyboardInterrupt):
+    """Training stopped on a signal after saving ``step``; ``exit_code`` = 128 + signum."""
+
+    def __init__(self, signum: int, step: int):
+        self.signum, self.step, self.exit_code = signum, step, 128 + signum
+        super().__init__(
+            f"interrupted by {signal.Signals(signum).name} at step {step}: checkpoint saved, "
+            "rerun the same command to resume"
+        )
+
+
+def requested() -> int | None:
+    """The first signal received since the run started, or None."""
+    return _pending[0] if _pending else None
+
+
+def _handler(signum, frame):
+    if _pending:  # the second one: the user (or the scheduler) will not wait for the save
+        name = signal.Signals(signum).name
+        sys.stderr.write(f"{name} again: exiting at once, without saving\n")
+        sys.stderr.flush()
+        os._exit(128 + signum)
+    _pending.append(signum)
+
+
+@contextlib.contextmanager
+def deferred():
+    """Defers SIGINT/SIGTERM to ``requested()`` for the duration of the block."""
+    global _depth
+    if threading.current_thread() is not threading.main_thread():
+        yield  # signal handlers can only be set from the main thread: leave them alone
+        return
+    previous = {} if _depth else {s: signal.signal(s, _handler) for s in SIGNALS}
+    _depth += 1
+    try:
+        yield
+    finally:
+        _depth -= 1
+        if not _depth:
+            for s, handler in previous.items():
+                signal.signal(s, handler)
+            _pending.clear()
