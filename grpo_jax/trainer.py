@@ -11,12 +11,13 @@ import functools
 import json
 import math
 import time
+from pathlib import Path
 
 import jax
 from absl import logging
 
 from grpo_jax import checkpoint as ckpt_lib
-from grpo_jax import diagnostics, integrity, interrupts, sharding
+from grpo_jax import diagnostics, integrity, interrupts, run_config, sharding
 from grpo_jax.distributed import is_main_process
 from grpo_jax.metric_writers import MetricWriter, ProgressBar
 from grpo_jax.specs import TrainSpec
@@ -76,20 +77,47 @@ def initial_params(config, task):
     return params
 
 
+def _warm_up_dir(config, workdir):
+    """Where ``pretrain.before_train``'s warm-up runs (None when there is none)."""
+    if not config.get("pretrain", {}).get("before_train", False) or config.init_from:
+        return None
+    return Path(workdir) / "pretrain"
+
+
+def _with_init_from(config, target):
+    config = config.copy_and_resolve_references()
+    config.init_from = str(target)
+    return config
+
+
 def warm_up(config, workdir):
     """``pretrain.before_train``: the task's supervised warm-up runs first in
     ``workdir/pretrain`` (resumable like any run; a finished one is only reloaded) and GRPO
     starts from it. Returns the config GRPO runs with."""
-    if not config.get("pretrain", {}).get("before_train", False) or config.init_from:
+    target = _warm_up_dir(config, workdir)
+    if target is None:
         return config
-    target = ckpt_lib.ensure_workdir(workdir) / "pretrain"
     done = ckpt_lib.latest_step_of(target / "checkpoints")
     if done is None or done < int(config.pretrain.num_steps):
         logging.info("warm-up: supervised pretraining in %s", target)
         train_and_evaluate(config, str(target), "pretrain")
-    config = config.copy_and_resolve_references()
-    config.init_from = str(target)
-    return config
+    return _with_init_from(config, target)
+
+
+def _check_run(config, workdir, mode):
+    """Everything that can refuse the run, before any file is written: the mesh, the workdir
+    (a file, "" or read-only), and the workdir's recorded config (run_config.py). Returns
+    (TrainSpec, mesh, workdir Path, the config GRPO runs with, the recordable changes)."""
+    tc = TrainSpec.from_config(config.train)
+    mesh = sharding.make_mesh(config.get("mesh"))  # once per run; see sharding.py
+    if mode == "train":
+        sharding.check_batch(tc.batch_size, mesh)
+        if "mode" in config.get("group", {}):
+            sharding.check_group_mode(config.group.mode, mesh)
+    workdir = run_config.check_workdir(workdir)
+    target = _warm_up_dir(config, workdir) if mode == "train" else None
+    resolved = config if target is None else _with_init_from(config, target)
+    return tc, mesh, workdir, resolved, run_config.check_resume(workdir, resolved)
 
 
 def train_and_evaluate(config, workdir: str, mode: str = "train"):
@@ -104,15 +132,10 @@ def train_and_evaluate(config, workdir: str, mode: str = "train"):
 def _train_and_evaluate(config, workdir: str, mode: str = "train"):
     quiet_orbax()
     task = build_task(config, mode)  # every setting is checked before the workdir is touched
-    if mode == "train" and config.get("pretrain", {}).get("before_train", False):
-        config = warm_up(config, workdir)
-    tc = TrainSpec.from_config(config.train)
-    params0 = initial_params(config, task)
-    mesh = sharding.make_mesh(config.get("mesh"))  # once per run; see sharding.py
+    tc, mesh, workdir, resolved, changes = _check_run(config, workdir, mode)
     if mode == "train":
-        sharding.check_batch(tc.batch_size, mesh)
-        if "mode" in config.get("group", {}):
-            sharding.check_group_mode(config.group.mode, mesh)
+        config = warm_up(config, workdir)  # = resolved, once the warm-up's checkpoint exists
+    params0 = initial_params(config, task)
     step_fn, inputs = task.build(params0, mesh=mesh)
     # state replicated (or FSDP over data), inputs replicated; compiled once for this mesh
     jstep, state, inputs, _ = sharding.jit_step(
@@ -123,7 +146,6 @@ def _train_and_evaluate(config, workdir: str, mode: str = "train"):
         bool(config.get("mesh", {}).get("shard_params", False)),
         wrap=trace_once,
     )
-    workdir = ckpt_lib.ensure_workdir(workdir)  # after the config checks: bad input makes no dir
     ckpt = ckpt_lib.Checkpointer(
         workdir / "checkpoints", keep=tc.keep_checkpoints, identity=run_identity(task)
     )
@@ -135,9 +157,16 @@ def _train_and_evaluate(config, workdir: str, mode: str = "train"):
             raise
         if is_main_process():
             logging.info("resumed from %s at step %d", ckpt.directory, int(state.step))
+    if int(state.step) >= task.num_steps:  # a finished run: nothing to add, not even a log
+        ckpt.close()
+        if is_main_process():
+            logging.info(
+                "%s is at step %d of %d: nothing to do", workdir, state.step, task.num_steps
+            )
+        return state, {}
     if is_main_process():
         logging.info("%s over %d devices", sharding.describe(mesh), mesh.size)
-    ckpt_lib.save_config(workdir, config)
+    run_config.record(workdir, resolved, changes, int(state.step))  # the run goes ahead
     writer = MetricWriter(
         workdir,
         tensorboard=config.logging.tensorboard,
@@ -229,20 +258,27 @@ def _evaluate(task, params, step, writer, monitor):
 
 
 def restore_params(config, workdir: str, task=None):
-    """The params of the latest checkpoint in workdir (else init_from / a fresh init)."""
+    """The params of the latest checkpoint in workdir; a workdir without one is refused
+    (nothing is created: an evaluation of a random init would pass for the run's)."""
     task = task or build_task(config, "eval")
-    params = initial_params(config, task)
-    workdir = ckpt_lib.ensure_workdir(workdir)
+    directory = Path(workdir).expanduser() / "checkpoints"
+    if ckpt_lib.latest_step_of(directory) is None:
+        raise ValueError(
+            f"--workdir {workdir} has no checkpoint to evaluate or sample; train there first "
+            "(--mode=train) or pass the workdir of a run"
+        )
+    quiet_orbax()
+    template = task.make_state(task.init_params(jax.random.PRNGKey(config.seed)))
     ckpt = ckpt_lib.Checkpointer(
-        workdir / "checkpoints", keep=config.train.keep_checkpoints, identity=run_identity(task)
+        directory, keep=config.train.keep_checkpoints, identity=run_identity(task)
     )
-    if ckpt.latest_step() is not None:
-        params = ckpt.restore(task.make_state(params)).params
-    ckpt.close()
-    return params
+    try:
+        return ckpt.restore(template).params
+    finally:
+        ckpt.close()
 
 
 def evaluate_only(config, workdir: str):
-    """--mode=eval: evaluate the latest checkpoint in workdir (or init_from / a fresh init)."""
+    """--mode=eval / --mode=sample: evaluate the latest checkpoint in workdir."""
     task = build_task(config, "eval")
     return task.evaluate(restore_params(config, workdir, task))
