@@ -173,7 +173,8 @@ class Checkpointer:
         return steps
 
     def latest_step(self) -> int | None:
-        """The newest committed step, or None when there is none."""
+        """The newest committed step, or None; in-flight saves finish first (so it counts)."""
+        self.wait()
         steps = self.committed_steps()
         return steps[-1] if steps else None
 
