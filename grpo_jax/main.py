@@ -172,6 +172,21 @@ def _checked_config(value: str) -> str:
 HELP_FLAGS = ("-h", "--help", "-?")
 
 
+def _quiet_closed_loop(default_hook):
+    """An unraisable-exception hook that drops one known teardown artefact: when a restore
+    fails on unreadable checkpoint files, tensorstore's callbacks still post to orbax's asyncio
+    loop after it closed, and each prints a ``RuntimeError: Event loop is closed`` traceback
+    after our one error line. Every other unraisable exception goes to ``default_hook``."""
+
+    def hook(unraisable):
+        value = unraisable.exc_value
+        if isinstance(value, RuntimeError) and str(value) == "Event loop is closed":
+            return
+        default_hook(unraisable)
+
+    return hook
+
+
 def _help(argv):
     """``--help``: this module's usage and flags (absl's own help would list only the flags of
     the console-script shim), then the chosen config's fields with their values and comments
@@ -198,6 +213,7 @@ def cli():
     # jax narrates its backend probe ("Unable to initialize backend 'tpu'") at INFO, which
     # absl prints to stderr; keep stderr to our own lines (and one line on an error).
     std_logging.getLogger("jax._src.xla_bridge").setLevel(std_logging.WARNING)
+    sys.unraisablehook = _quiet_closed_loop(sys.unraisablehook)
     argv = _help(sys.argv) if any(a in HELP_FLAGS for a in sys.argv[1:]) else sys.argv
     try:
         argv = _resolve_config_args(argv)

@@ -38,7 +38,8 @@ def run_cli(args):
     entry.FLAGS.unparse_flags()
     err, logs = io.StringIO(), io.StringIO()
     handler = absl_logging.get_absl_handler().python_handler
-    saved_argv, saved_stream = sys.argv, handler.stream
+    saved_argv, saved_stream, saved_env = sys.argv, handler.stream, dict(os.environ)
+    saved_hook = sys.unraisablehook
     sys.argv, handler.stream = ["grpo-jax", *args], logs
     try:
         with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
@@ -49,6 +50,11 @@ def run_cli(args):
                 code = e.code or 0
     finally:
         sys.argv, handler.stream = saved_argv, saved_stream
+        # cli() sets process-wide defaults (MPLBACKEND=Agg) fit for a process of its own; this
+        # one goes on to run other tests (the notebooks' kernels inherit its environment).
+        os.environ.clear()
+        os.environ.update(saved_env)
+        sys.unraisablehook = saved_hook
     return code, err.getvalue().splitlines(), logs.getvalue()
 
 

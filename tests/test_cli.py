@@ -8,6 +8,7 @@ most XLA optimisations off, so the tiny run costs little more than its imports.
 
 import os
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -179,3 +180,18 @@ def test_checkpoint_of_another_model_shape_is_refused_untouched(tiny_run, env):
     assert_one_error_line(rc, err, "model.d_model=", "(now 64)", "--workdir")
     assert snapshot(workdir) == before  # no file added, removed, resized or rewritten
     assert (workdir / "metrics.jsonl").read_bytes() == metrics
+
+
+def test_unreadable_checkpoints_are_one_line_without_loop_tracebacks(tiny_run, env, tmp_path):
+    """Every step's manifest emptied: --mode=eval ends in one line, and none of the
+    "RuntimeError: Event loop is closed" tracebacks tensorstore's late callbacks used to print
+    after it (main._quiet_closed_loop)."""
+    workdir, (rc, _, _) = tiny_run
+    assert rc == 0
+    damaged = tmp_path / "run"
+    shutil.copytree(workdir, damaged)
+    for manifest in damaged.glob("checkpoints/*/state/manifest.ocdbt"):
+        manifest.write_bytes(b"")
+    rc, _, err = finish(start([*TINY_RUN, "--mode=eval", f"--workdir={damaged}"], env))
+    assert_one_error_line(rc, err, "unreadable")
+    assert "Event loop is closed" not in err

@@ -47,6 +47,9 @@ def execute(path, env, timeout=300):
     with pytest.MonkeyPatch.context() as mp:
         for name, value in env.items():
             mp.setenv(name, value)
+        # The kernel draws with Jupyter's inline backend, as on Colab, whatever the caller's
+        # shell (or an in-process CLI run, which defaults MPLBACKEND to Agg) chose.
+        mp.delenv("MPLBACKEND", raising=False)
         client = nbclient.NotebookClient(
             book,
             timeout=timeout,
