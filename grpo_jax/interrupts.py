@@ -55,7 +55,10 @@ def deferred():
     if threading.current_thread() is not threading.main_thread():
         yield  # signal handlers can only be set from the main thread: leave them alone
         return
-    previous = {} if _depth else {s: signal.signal(s, _handler) for s in SIGNALS}
+    # A signal the parent set to be ignored stays ignored: a shell starts background jobs with
+    # SIGINT ignored, and Ctrl-C in that terminal is not meant for them.
+    watched = [s for s in SIGNALS if signal.getsignal(s) is not signal.SIG_IGN]
+    previous = {} if _depth else {s: signal.signal(s, _handler) for s in watched}
     _depth += 1
     try:
         yield
