@@ -97,17 +97,19 @@ def make_grpo_step(
     shard_batch=None,
     reward_discount: float = 1.0,
     per_token_advantages: bool = False,
+    token_classes=None,
 ) -> Step:
     """The one GRPO step.
 
     sample_prompts(key, data) -> prompts (the task's pytree, leading axis B);
     reward_terms: rewards.RewardTerm s (jittable on token arrays, or Python on strings);
     decode(prompts, tokens, mask) -> (prompt texts, completion texts, fields): the host
-    side of Python rewards (numpy in, lists out), needed only when one is configured."""
+    side of Python rewards (numpy in, lists out), needed only when one is configured;
+    token_classes: [V] class ids for group.mode=hierarchical (candidates.task_classes)."""
     g, obj = spec.group, spec.objective
     forced_flags = g.forced
     mu = obj.num_iterations
-    collect = groups.make_collect(g, policy, reference, member_map)
+    collect = groups.make_collect(g, policy, reference, member_map, token_classes)
     loss_fn = make_loss(obj, g, policy, reference is not None)
     device_terms = tuple(t for t in reward_terms if not t.host)
     host_terms = tuple(t for t in reward_terms if t.host)

@@ -14,6 +14,11 @@ Modes:
   guided      one forced part, actions = the guide's top-k plus r random explorers (K = k + r
               static); where the guide is confident (entropy below group.entropy_threshold)
               only its top-``guide_top_k_confident`` count, the other slots are masked out.
+  pruned      one forced part, actions = the smallest top-probability set of the guide
+              (policy or reference) covering group.coverage of its mass, at most
+              group.max_candidates (static K); candidates.py.
+  hierarchical  one forced part: a representative of every token class plus every member
+              of the group.expand_classes classes with the most policy mass; candidates.py.
   adaptive    a fixed budget of ``ceil(B / 4)`` prompts per batch gets exhaustive groups:
               the most uncertain ones, and only those whose policy entropy exceeds
               group.entropy_threshold (a mask); every other prompt uses a sampled group.
@@ -22,6 +27,12 @@ Modes:
 Completions may end early at EOS: every part carries ``completion_mask [B, K, T]`` (1 up to
 and including EOS) and everything downstream (rewards, advantages, loss, KL, entropy,
 metrics) reads through it.
+
+``group.value_horizon`` = h > 0 continues a forced part's members for h tokens instead of T:
+their return is what those h tokens earn (the decision point's own signal is not diluted by
+T - h later tokens), and the rollout, the reference and the training forward run h tokens.
+The part's arrays keep the static T (tokens past h are masked), so rewards and metrics read
+it like any other part.
 """
 
 import math
@@ -30,7 +41,7 @@ from typing import Any, NamedTuple
 import jax
 import jax.numpy as jnp
 
-from grpo_jax import objective
+from grpo_jax import candidates, objective
 from grpo_jax import rollout as ro
 from grpo_jax.policy import Policy, Reference, rollout
 from grpo_jax.specs import GroupSpec
@@ -53,6 +64,9 @@ class Part(NamedTuple):
     advantages: jax.Array  # [B, K, T] per-token advantages for the clipped surrogate
     action_returns: jax.Array  # [B, A] forced parts: return of each forced first action
     valid: jax.Array  # [B, K] float: members some reward term scored (not all None)
+    # hierarchical parts: [B, A] importance weight π_old(c)/π_old(a_c) of each class
+    # representative, 0 for expanded members (candidates.hierarchical_values); None otherwise
+    action_weights: Any = None
 
     @property
     def token_mask(self):
@@ -85,8 +99,8 @@ def adaptive_budget(batch_size: int) -> int:
     return max(1, math.ceil(batch_size / 4))
 
 
-def members_per_prompt(spec: GroupSpec, vocab_size: int, batch_size: int) -> float:
-    """Rollouts per prompt (for throughput figures)."""
+def members_per_prompt(spec: GroupSpec, vocab_size: int, batch_size: int, classes=None) -> float:
+    """Rollouts per prompt (for throughput figures); ``classes``: hierarchical's token classes."""
     n = spec.continuations_per_action
     if spec.mode == "sampled":
         return spec.size
@@ -94,7 +108,24 @@ def members_per_prompt(spec: GroupSpec, vocab_size: int, batch_size: int) -> flo
         return vocab_size * n
     if spec.mode == "guided":
         return (spec.guide_top_k + spec.guide_random) * n
+    if spec.mode == "pruned":
+        return spec.max_candidates * n
+    if spec.mode == "hierarchical":
+        return candidates.group_slots(classes, spec.expand_classes) * n
     return spec.size + adaptive_budget(batch_size) * vocab_size * n / batch_size
+
+
+def generated_per_prompt(spec: GroupSpec, vocab_size, batch_size, horizon, classes=None):
+    """Generated tokens per prompt and step at the full horizon (value_horizon shortens the
+    forced members': EOS-terminated completions generate fewer, see ``generated_tokens``)."""
+    if spec.mode == "sampled":
+        return spec.size * horizon
+    forced_h = min(spec.value_horizon or horizon, horizon)
+    members = members_per_prompt(spec, vocab_size, batch_size, classes)
+    if spec.mode == "adaptive":
+        forced = members - spec.size
+        return spec.size * horizon + forced * forced_h
+    return members * forced_h
 
 
 def sequence_returns(rewards, mask, discount=1.0):
@@ -109,30 +140,47 @@ def sequence_returns(rewards, mask, discount=1.0):
     return jnp.sum(rewards * w, -1) / jnp.maximum(jnp.sum(w, -1), 1e-30)
 
 
-def make_collect(spec: GroupSpec, policy: Policy, reference: Reference | None, member_map=None):
+def pad_time(x, t: int, value=0):
+    """Pad axis 2 (time) of a [B, K, h, ...] array to t."""
+    pad = [(0, 0)] * x.ndim
+    pad[2] = (0, t - x.shape[2])
+    return jnp.pad(x, pad, constant_values=value)
+
+
+def make_collect(
+    spec: GroupSpec, policy: Policy, reference: Reference | None, member_map=None, classes=None
+):
     """Returns collect(params, ref_state, prompts, key) -> (parts, info) (pure).
 
     ``member_map(fn, first_tokens, u)`` optionally wraps the per-member rollout (sharding.py
-    uses it to shard_map the member axis over the mesh's member axis)."""
+    uses it to shard_map the member axis over the mesh's member axis); ``classes`` [V] are
+    the token classes of group.mode=hierarchical (candidates.token_classes)."""
     g, sp = spec, spec.sampling
     t, v = policy.completion_length, policy.vocab_size
+    h = min(g.value_horizon or t, t)  # forced members' horizon
     n_cont = g.continuations_per_action
     empty_actions = lambda b: (jnp.zeros((b, 0), jnp.int32), jnp.zeros((b, 0)))
+    if g.mode == "hierarchical":
+        if classes is None:
+            raise ValueError("group.mode=hierarchical needs the task's token classes")
+        members, member_mask = (jnp.asarray(x) for x in candidates.class_members(classes))
+        classes = jnp.asarray(classes)
 
     def roll(params, state, prompts, first_logits, first, u, chunk):
         """Members' completions from their first tokens (None: sample them from π_old)."""
         out = rollout(policy, params, prompts, first_logits, state, first, u, sp, chunk, member_map)
         return out[0], out[1], out[3]
 
-    def part(ref_state, prompts, tokens, logp, mask, member_mask, actions, action_mask):
+    def part(ref_state, prompts, tokens, logp, mask, member_mask, actions, action_mask, w=None):
         if reference is not None:
-            ref_lp = reference.logprobs(ref_state, prompts, tokens)
+            ref_lp = pad_time(reference.logprobs(ref_state, prompts, tokens), t)
         else:
-            ref_lp = jnp.zeros(tokens.shape + (0,), jnp.float32)
+            ref_lp = jnp.zeros(tokens.shape[:2] + (t, 0), jnp.float32)
+        tokens, logp, mask = pad_time(tokens, t), pad_time(logp, t), pad_time(mask, t)
         zeros = jnp.zeros(tokens.shape, jnp.float32)
         return Part(
             prompts, tokens, mask, member_mask, logp, actions, action_mask, ref_lp,
-            zeros, zeros[..., 0], zeros, jnp.zeros(actions.shape, jnp.float32), member_mask,
+            zeros, zeros[..., 0], zeros, jnp.zeros(actions.shape, jnp.float32), member_mask, w,
         )  # fmt: skip
 
     def sampled_part(params, ref_state, prompts, first_logits, state, key, prompt_mask):
@@ -142,40 +190,65 @@ def make_collect(spec: GroupSpec, policy: Policy, reference: Reference | None, m
         mm = jnp.broadcast_to(prompt_mask[:, None], (b, g.size)).astype(jnp.float32)
         return part(ref_state, prompts, tokens, logp, mask, mm, *empty_actions(b))
 
-    def forced_part(params, ref_state, prompts, first_logits, state, actions, action_mask, key):
+    def forced_part(
+        params, ref_state, prompts, first_logits, state, actions, action_mask, key, w=None
+    ):
         b, a = actions.shape
         first = first_action_layout(actions, n_cont)
-        u = jax.random.uniform(key, (b, a * n_cont, t))
+        u = jax.random.uniform(key, (b, a * n_cont, t))[..., :h]
         tokens, logp, mask = roll(params, state, prompts, first_logits, first, u, g.vocab_chunk)
         mm = first_action_layout(action_mask, n_cont)
-        return part(ref_state, prompts, tokens, logp, mask, mm, actions, action_mask)
+        return part(ref_state, prompts, tokens, logp, mask, mm, actions, action_mask, w)
 
     def guide_logp(ref_state, prompts, first_logits):
         if g.guide == "reference":
             return reference.first_logprobs(ref_state, prompts)
         return ro.tempered_logp(first_logits, sp)
 
+    def forced_mode(common, key, k_guide):
+        """exhaustive / guided / pruned / hierarchical: one forced part and its info."""
+        params, ref_state, prompts, first_logits, _ = common
+        b = first_logits.shape[0]
+        if g.mode == "exhaustive":
+            actions = jnp.broadcast_to(jnp.arange(v, dtype=jnp.int32), (b, v))
+            return forced_part(*common, actions, jnp.ones((b, v)), key), {}
+        policy_lp = ro.tempered_logp(first_logits, sp)
+        if g.mode == "hierarchical":
+            actions, amask, w = candidates.hierarchical_candidates(
+                k_guide, policy_lp, classes, members, member_mask, g.expand_classes
+            )
+            covered = jnp.zeros((b, v)).at[jnp.arange(b)[:, None], actions].max(amask * (w == 0))
+            info = {"group/expanded_mass": jnp.sum(jnp.exp(policy_lp) * covered, -1).mean()}
+            return forced_part(*common, actions, amask, key, w), info
+        guide = guide_logp(ref_state, prompts, first_logits)
+        if g.mode == "pruned":
+            actions, amask = candidates.pruned_candidates(guide, g.coverage, g.max_candidates)
+            covered = jnp.sum(jnp.exp(jnp.take_along_axis(policy_lp, actions, 1)) * amask, -1)
+            info = {
+                "group/uncovered_mass": jnp.mean(jnp.clip(1.0 - covered, 0.0, 1.0)),
+                "group/candidates": amask.sum(1).mean(),
+            }
+            return forced_part(*common, actions, amask, key), info
+        actions, amask = guided_candidates(
+            k_guide,
+            guide,
+            g.guide_top_k,
+            g.guide_top_k_confident,
+            g.guide_random,
+            g.entropy_threshold,
+        )
+        return forced_part(*common, actions, amask, key), {"guided_candidates": amask.sum(1).mean()}
+
     def collect(params, ref_state, prompts, key):
         k_sample, k_forced, k_guide = jax.random.split(key, 3)
         first_logits, state = policy.prefill(params, prompts)
         b = first_logits.shape[0]
         common = (params, ref_state, prompts, first_logits, state)
-        all_actions = jnp.broadcast_to(jnp.arange(v, dtype=jnp.int32), (b, v))
         if g.mode == "sampled":
             return (sampled_part(*common, k_sample, jnp.ones((b,))),), {}
-        if g.mode == "exhaustive":
-            return (forced_part(*common, all_actions, jnp.ones((b, v)), k_forced),), {}
-        if g.mode == "guided":
-            actions, amask = guided_candidates(
-                k_guide,
-                guide_logp(ref_state, prompts, first_logits),
-                g.guide_top_k,
-                g.guide_top_k_confident,
-                g.guide_random,
-                g.entropy_threshold,
-            )
-            info = {"guided_candidates": amask.sum(1).mean()}
-            return (forced_part(*common, actions, amask, k_forced),), info
+        if g.mode != "adaptive":
+            forced, info = forced_mode(common, k_forced, k_guide)
+            return (forced,), info
         # adaptive: the budget's most uncertain prompts, gated by the entropy threshold
         ent = objective.entropy_from_logits(ro.tempered_logp(first_logits, sp))
         budget = adaptive_budget(b)
@@ -184,16 +257,11 @@ def make_collect(spec: GroupSpec, policy: Policy, reference: Reference | None, m
         exhaustive_rows = jnp.zeros((b,), jnp.float32).at[idx].set(chosen.astype(jnp.float32))
         sub = lambda tree: jax.tree.map(lambda x: x[idx], tree)
         amask = jnp.broadcast_to(chosen[:, None], (budget, v)).astype(jnp.float32)
+        all_actions = jnp.broadcast_to(jnp.arange(v, dtype=jnp.int32), (budget, v))
         forced = forced_part(
-            params,
-            ref_state,
-            sub(prompts),
-            first_logits[idx],
-            sub(state),
-            all_actions[:budget],
-            amask,
+            params, ref_state, sub(prompts), first_logits[idx], sub(state), all_actions, amask,
             k_forced,
-        )
+        )  # fmt: skip
         sampled = sampled_part(*common, k_sample, 1.0 - exhaustive_rows)
         return (sampled, forced), {"adaptive_exhaustive_frac": exhaustive_rows.mean()}
 

@@ -5,13 +5,16 @@
 w_part is the fraction of the batch's prompts the part covers (1 unless group.mode=adaptive).
 
 Sampled parts: the clipped surrogate on every generated token, aggregated by grpo.loss_agg.
-Forced parts (exhaustive / guided): at the decision point either
+Forced parts (exhaustive / guided / pruned / hierarchical): at the decision point either
   * ``uniform``:  mean over the forced actions of the clipped surrogate with ratio
                   π_θ(a|s)/π_old(a|s) and advantages taken over the action axis, or
   * ``expected``: the exact all-action gradient −∇ Σ_a π_θ(a|s)(R(a) − b), b = Σ_a π(a|s)R(a)
-                  (no sampling variance at the decision point given the rollouts' returns),
+                  (no sampling variance at the decision point given the rollouts' returns;
+                  pruned: exact on the candidate set; hierarchical: R(a) replaced by the
+                  unbiased per-action values of candidates.hierarchical_values),
 plus, when group.train_continuations, the clipped surrogate on tokens 1..H-1 with their
-per-position group advantages. The decision point's KL and entropy are exact over V.
+per-position group advantages (only the first group.value_horizon tokens, when it is set).
+The decision point's KL and entropy are exact over V.
 
 KL: ``grpo.kl_estimator`` = ``exact`` (reverse KL(π‖π_ref) summed over V), ``exact_forward``
 (forward KL(π_ref‖π) over V: the reference's distribution as a soft target at every scored
@@ -30,7 +33,7 @@ there and carried to iterations 1..μ-1; the ratio is exactly 1 at iteration 0.
 import jax
 import jax.numpy as jnp
 
-from grpo_jax import objective
+from grpo_jax import candidates, objective
 from grpo_jax.groups import Part
 from grpo_jax.policy import Policy, token_logits
 from grpo_jax.rollout import chunked, tempered_logp
@@ -70,6 +73,7 @@ def make_loss(spec: ObjectiveSpec, group: GroupSpec, policy: Policy, has_referen
     beta = gr.beta if has_reference else 0.0
     train_cont = group.train_continuations
     n_cont = group.continuations_per_action
+    value_h = group.value_horizon  # 0: forced members run the full horizon
     # the training forward's chunk is its own: its [B, c, T, V] logits outgrow the rollout's
     # [B*c, V] per decode step by a factor T, so a large V wants a smaller chunk here
     loss_chunk = group.loss_chunk or group.vocab_chunk
@@ -116,8 +120,9 @@ def make_loss(spec: ObjectiveSpec, group: GroupSpec, policy: Policy, has_referen
         ent = agg(entropy(lp_all), tok_mask)
         return pg, kl, ent, jnp.mean(part.member_mask.max(1)), m, logp
 
-    def continuation_terms(params, state, part: Part, old_logp, first_iter):
-        """Tokens 1..T-1 of a forced part, ``group.loss_chunk`` members at a time.
+    def continuation_terms(params, state, part: Part, old_logp, first_iter, t):
+        """Tokens 1..t-1 of a forced part (t: the value horizon), ``group.loss_chunk``
+        members at a time.
 
         Each chunk runs the training forward of its members against the shared prompt state
         and returns its members' weighted sums of the clipped surrogate, KL and entropy
@@ -125,9 +130,10 @@ def make_loss(spec: ObjectiveSpec, group: GroupSpec, policy: Policy, has_referen
         Chunks are rematerialised (jax.checkpoint): the backward pass recomputes one chunk's
         activations at a time, so the [B, K, T, V] logits never exist at once and peak
         memory is bounded by the chunk, as in the rollout.
-        Returns (pg, kl, ent) scalars and logp [B, K, T-1]."""
+        Returns (pg, kl, ent) scalars and logp [B, K, t-1]."""
         k = part.tokens.shape[1]
-        w = agg_weights(part.token_mask[..., 1:])
+        # weights of the full-width aggregate, cut at t: the same loss as unsliced arrays
+        w = agg_weights(part.token_mask[..., 1:])[..., : t - 1]
 
         def chunk(tokens, old_c, adv_c, w_c, ref_c):
             lp = tempered_logp(policy.extend(params, state, part.prompts, tokens), sp)
@@ -142,11 +148,11 @@ def make_loss(spec: ObjectiveSpec, group: GroupSpec, policy: Policy, has_referen
         pg, kl, ent, logp = chunked(
             fn,
             loss_chunk,
-            part.tokens,
-            old_logp[..., 1:],
-            part.advantages[..., 1:],
+            part.tokens[..., :t],
+            old_logp[..., 1:t],
+            part.advantages[..., 1:t],
             w,
-            part.ref_logp[..., 1:, :],
+            part.ref_logp[..., 1:t, :],
         )
         return pg.sum(), kl.sum(), ent.sum(), logp
 
@@ -156,9 +162,16 @@ def make_loss(spec: ObjectiveSpec, group: GroupSpec, policy: Policy, has_referen
         lp_act = jnp.take_along_axis(lp_first, part.actions, axis=1)  # [B, A]
         prompt_w = part.action_mask.max(1)  # prompts whose group counts
         if gr.exhaustive_estimator == "expected":
-            pg_rows = objective.all_action_loss(
-                lp_act, part.action_returns, scale=aa_scale, mask=part.action_mask > 0
-            )
+            if part.action_weights is not None:  # hierarchical: values over the whole V
+                pi = jax.lax.stop_gradient(jnp.exp(lp_first))
+                q = candidates.hierarchical_values(
+                    pi, part.actions, part.action_mask, part.action_weights, part.action_returns
+                )
+                pg_rows = objective.all_action_loss(lp_first, q, scale=aa_scale)
+            else:
+                pg_rows = objective.all_action_loss(
+                    lp_act, part.action_returns, scale=aa_scale, mask=part.action_mask > 0
+                )
             zero = jnp.zeros(())
             return _masked_mean(pg_rows, prompt_w), {
                 "clip_ratio/low_mean": zero,
@@ -172,7 +185,8 @@ def make_loss(spec: ObjectiveSpec, group: GroupSpec, policy: Policy, has_referen
         return surrogate_terms(lp_act, old_act, adv_act, part.action_mask)
 
     def forced_loss(params, part: Part, old_logp, first_iter):
-        b, k, t = part.tokens.shape
+        b, k, full_t = part.tokens.shape
+        t = min(value_h or full_t, full_t)  # tokens past the value horizon are all masked
         first_logits, state = policy.prefill(params, part.prompts)
         lp_first = tempered_logp(first_logits, sp)  # [B, V]
         logp = jnp.take_along_axis(lp_first, part.tokens[..., 0], axis=1)[..., None]
@@ -185,7 +199,7 @@ def make_loss(spec: ObjectiveSpec, group: GroupSpec, policy: Policy, has_referen
         kl, ent = m["kl_decision"], m["entropy_decision"]
         if train_cont and t > 1:
             pg_c, kl_c, ent_c, logp_rest = continuation_terms(
-                params, state, part, old_logp, first_iter
+                params, state, part, old_logp, first_iter, t
             )
             logp = jnp.concatenate([logp, logp_rest], axis=-1)
             m["pg_continuation"] = pg_c
@@ -195,8 +209,7 @@ def make_loss(spec: ObjectiveSpec, group: GroupSpec, policy: Policy, has_referen
             pg = pg + pg_c
             kl = (kl + (t - 1) * kl_c) / t
             ent = (ent + (t - 1) * ent_c) / t
-        else:
-            logp = jnp.pad(logp, ((0, 0), (0, 0), (0, t - 1)))
+        logp = jnp.pad(logp, ((0, 0), (0, 0), (0, full_t - logp.shape[-1])))
         return pg, kl, ent, jnp.mean(prompt_w), m, logp
 
     def loss_fn(params, parts, old_logps, first_iter, forced_flags):

@@ -104,7 +104,7 @@ def single_step_policy(logits_fn: Callable, vocab_size: int, max_span: int, sp):
 
     def complete(params, span, prompts, first, u):
         b, k, t = u.shape
-        rest = jnp.broadcast_to(span[:, None, 1:], (b, k, t - 1, span.shape[-1]))
+        rest = jnp.broadcast_to(span[:, None, 1:t], (b, k, t - 1, span.shape[-1]))
         tokens, logp, ent = ro.sample_from_logits(rest, u[..., 1:], sp)
         tokens = jnp.concatenate([first[..., None], tokens], axis=-1)
         mask = jnp.arange(t) < prompts.length[:, None, None]
@@ -112,7 +112,7 @@ def single_step_policy(logits_fn: Callable, vocab_size: int, max_span: int, sp):
 
     def extend(params, span, prompts, tokens):
         b, c, t = tokens.shape
-        return jnp.broadcast_to(span[:, None, 1:], (b, c, t - 1, span.shape[-1]))
+        return jnp.broadcast_to(span[:, None, 1:t], (b, c, t - 1, span.shape[-1]))
 
     return Policy(prefill, complete, extend, int(vocab_size), int(max_span))
 

@@ -15,7 +15,8 @@ from typing import Any
 from grpo_jax import objective
 from grpo_jax.rollout import SamplingParams
 
-GROUP_MODES = ("sampled", "exhaustive", "guided", "adaptive")
+GROUP_MODES = ("sampled", "exhaustive", "guided", "adaptive", "pruned", "hierarchical")
+CLASS_KINDS = ("chars", "blocks")
 ESTIMATORS = ("uniform", "expected")
 GUIDES = ("reference", "policy")
 
@@ -75,6 +76,12 @@ class GroupSpec:
     guide_top_k: int
     guide_top_k_confident: int
     guide_random: int
+    coverage: float  # pruned: the guide's mass the candidates must cover
+    max_candidates: int  # pruned: static group size (candidates beyond it are cut)
+    class_kind: str  # hierarchical: how tokens are grouped (candidates.token_classes)
+    num_classes: int  # hierarchical, class_kind=blocks: number of id blocks
+    expand_classes: int  # hierarchical: classes whose every member is rolled out
+    value_horizon: int  # forced members' horizon (0 = the task's full horizon)
     sampling: SamplingParams
 
     @classmethod
@@ -102,6 +109,12 @@ class GroupSpec:
                 "group.guide_top_k_confident", g.get("guide_top_k_confident", 1), 1
             ),
             guide_random=integer("group.guide_random", g.get("guide_random", 0)),
+            coverage=number("group.coverage", g.get("coverage", 0.95), 0.0, 1.0, open_low=True),
+            max_candidates=integer("group.max_candidates", g.get("max_candidates", 64), 1),
+            class_kind=choice("group.class_kind", g.get("class_kind", "chars"), CLASS_KINDS),
+            num_classes=integer("group.num_classes", g.get("num_classes", 32), 1),
+            expand_classes=integer("group.expand_classes", g.get("expand_classes", 1), 1),
+            value_horizon=integer("group.value_horizon", g.get("value_horizon", 0)),
             sampling=sampling,
         )
         require(
@@ -120,6 +133,20 @@ class GroupSpec:
             self.sampling.top_k,
             f"must be <= the vocabulary size {vocab_size} (0 = off)",
         )
+        if self.mode == "pruned":
+            require(
+                self.max_candidates <= vocab_size,
+                "group.max_candidates",
+                self.max_candidates,
+                f"must be <= the vocabulary size {vocab_size}",
+            )
+        if self.mode == "hierarchical" and self.class_kind == "blocks":
+            require(
+                self.num_classes <= vocab_size,
+                "group.num_classes",
+                self.num_classes,
+                f"must be <= the vocabulary size {vocab_size}",
+            )
         if self.mode == "guided":
             n = self.guide_top_k + self.guide_random
             require(
@@ -136,6 +163,8 @@ class GroupSpec:
             "sampled": (False,),
             "exhaustive": (True,),
             "guided": (True,),
+            "pruned": (True,),
+            "hierarchical": (True,),
             "adaptive": (False, True),
         }[self.mode]
 
@@ -269,11 +298,18 @@ class EngineSpec:
 
     @classmethod
     def from_config(cls, config) -> EngineSpec:
-        return cls(
+        spec = cls(
             GroupSpec.from_config(config.group),
             ObjectiveSpec.from_config(config.grpo),
             TrainSpec.from_config(config.train),
         )
+        require(
+            spec.group.mode != "hierarchical" or spec.objective.exhaustive_estimator == "expected",
+            "grpo.exhaustive_estimator",
+            spec.objective.exhaustive_estimator,
+            "must be 'expected' with group.mode=hierarchical (its estimator is all-action)",
+        )
+        return spec
 
 
 @dataclasses.dataclass(frozen=True)

@@ -29,7 +29,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from grpo_jax import engine, pretrain, rewards, sharding
+from grpo_jax import candidates, engine, pretrain, rewards, sharding
 from grpo_jax.evaluate import pass_at_k
 from grpo_jax.model import init_params, make_model
 from grpo_jax.policy import TokenPrompts, policy_reference, sample, transformer_policy
@@ -405,8 +405,18 @@ def build(config, mode: str = "train") -> Task:
     pretraining = mode == "pretrain"
     espec = None if pretraining else EngineSpec.from_config(config)
     tok = CharTokenizer()
+    classes = None
     if espec is not None:
         espec.group.check_vocab(tok.vocab_size)
+        require(
+            espec.group.value_horizon == 0,
+            "group.value_horizon",
+            espec.group.value_horizon,
+            "must be 0 for task=arithmetic: its reward scores the whole answer, up to EOS",
+        )
+        classes = candidates.task_classes(
+            espec.group, [tok.decode([i]) for i in range(tok.vocab_size)]
+        )
     d = config.data
     train_set, heldout = generate_problems(
         int(d.problem_seed), int(d.num_train), int(d.num_heldout), spec
@@ -451,18 +461,21 @@ def build(config, mode: str = "train") -> Task:
         step = engine.make_grpo_step(
             espec, policy, policy_reference(policy) if use_ref else None, sample_prompts,
             reward_terms(config, tok), tx, schedule, eos_id=tok.eos_id, decode=make_decode(tok),
-            member_map=hooks.member_map, shard_batch=hooks.shard_batch,
+            member_map=hooks.member_map, shard_batch=hooks.shard_batch, token_classes=classes,
         )  # fmt: skip
         ref_state = jax.tree.map(jnp.copy, initial_params) if use_ref else None
         return step, StepInputs(train, ref_state)
 
-    members = 1 if pretraining else engine.groups.members_per_prompt(espec.group, tok.vocab_size, b)
+    if pretraining:
+        tokens = b * t
+    else:
+        tokens = b * engine.groups.generated_per_prompt(espec.group, tok.vocab_size, b, t, classes)
     return Task(
         init_params=lambda key: init_params(model, key),
         make_state=lambda params: init_state(params, tx, config.seed),
         build=build_step,
         evaluate=evaluate,
-        tokens_per_step=int(b * t * members),
+        tokens_per_step=int(tokens),
         num_steps=int(block.num_steps),
         vocab=tok,
         log_keys=("loss", "reward", "completions/mean_length", "eval/accuracy"),

@@ -1,0 +1,163 @@
+"""Groups that cost less than V rollouts (candidates.py): pruned candidates against hand
+values and, at coverage 1, against the exhaustive step; the hierarchical estimator against the
+exact all-action gradient; the value horizon against a run of that horizon."""
+
+import itertools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+from _engine_config import engine_config
+
+from grpo_jax import candidates, engine, objective
+from grpo_jax.model import Transformer, init_params
+from grpo_jax.policy import TokenPrompts, transformer_policy
+from grpo_jax.rewards import RewardTerm
+from grpo_jax.specs import EngineSpec
+from grpo_jax.train_state import StepInputs, init_state
+
+B, V = 2, 8
+WEIGHTS = jnp.linspace(-1.0, 1.0, V) ** 2  # a token's reward
+
+
+def test_pruned_candidates_by_hand():
+    p = np.array([[0.5, 0.05, 0.3, 0.15], [0.25, 0.25, 0.25, 0.25]])
+    actions, mask = candidates.pruned_candidates(jnp.log(p), coverage=0.7, max_candidates=3)
+    # row 0: 0.5 < 0.7, 0.8 >= 0.7 -> {0, 2}; row 1: 0.25, 0.5 < 0.7, 0.75 -> 3 tokens (cap 3)
+    np.testing.assert_array_equal(np.asarray(actions)[mask > 0], [0, 2, 0, 1, 2])
+    np.testing.assert_array_equal(mask, [[1, 1, 0], [1, 1, 1]])
+    everything, all_mask = candidates.pruned_candidates(jnp.log(p), 1.0, 4)
+    np.testing.assert_array_equal(everything, [[0, 1, 2, 3]] * 2)  # id order: exhaustive's
+    np.testing.assert_array_equal(all_mask, np.ones((2, 4)))
+
+
+def test_token_classes_of_chars_and_blocks():
+    texts = ["", "", "a", "B", " ", "\n", "7", ",", "+"]
+    np.testing.assert_array_equal(
+        candidates.token_classes("chars", texts, 0), [0, 0, 2, 2, 1, 1, 3, 4, 5]
+    )
+    np.testing.assert_array_equal(
+        candidates.token_classes("blocks", texts, 3), [0] * 3 + [1] * 3 + [2] * 3
+    )
+
+
+def _hierarchical_grad(logits, q):
+    return jax.grad(lambda x: objective.all_action_loss(jax.nn.log_softmax(x), q).sum())(logits)
+
+
+def test_hierarchical_estimator_is_the_exact_gradient_in_expectation():
+    """Every draw of the class representatives, weighted by its probability: the estimator's
+    expected gradient equals the exact all-action gradient -∇ Σ_a π(a)R(a); one draw does not
+    (the check can fail), and expanding every class is exact draw by draw."""
+    classes = np.array([0, 0, 1, 1, 1, 2])
+    members, mmask = candidates.class_members(classes)
+    logits = jax.random.normal(jax.random.PRNGKey(0), (1, 6))
+    returns = jax.random.uniform(jax.random.PRNGKey(1), (1, 6))
+    lp = jax.nn.log_softmax(logits)
+    pi = jnp.exp(lp)
+    exact = _hierarchical_grad(logits, returns)
+    actions, mask, w = candidates.hierarchical_candidates(
+        jax.random.PRNGKey(2), lp, classes, members, mmask, expand=1
+    )
+    reps = [c for c in range(3) if mask[0, c] > 0]  # the classes that were not expanded
+    assert len(reps) == 2
+    mean = jnp.zeros_like(exact)
+    for draw in itertools.product(*(np.flatnonzero(classes == c) for c in reps)):
+        acts, ws, prob = actions, w, 1.0
+        for c, a in zip(reps, draw, strict=True):
+            mass = pi[0, classes == c].sum()
+            acts, ws = acts.at[0, c].set(a), ws.at[0, c].set(mass / pi[0, a])
+            prob *= pi[0, a] / mass
+        q = candidates.hierarchical_values(pi, acts, mask, ws, returns[0, acts[0]][None])
+        grad = _hierarchical_grad(logits, q)
+        mean = mean + prob * grad
+    np.testing.assert_allclose(mean, exact, atol=1e-6)
+    assert not np.allclose(grad, exact, atol=1e-3)  # a single draw is an estimate
+    actions, mask, w = candidates.hierarchical_candidates(
+        jax.random.PRNGKey(3), lp, classes, members, mmask, expand=3
+    )
+    q = candidates.hierarchical_values(pi, actions, mask, w, returns[0, actions[0]][None])
+    np.testing.assert_allclose(_hierarchical_grad(logits, q), exact, atol=1e-6)
+
+
+def _engine_run(horizon, key=0, **group):
+    """One fused GRPO step of a 1-layer transformer on B prompts: (new params, metrics)."""
+    model = Transformer(vocab_size=V, num_layers=1, num_heads=2, d_model=16, max_len=5)
+    params = init_params(model, jax.random.PRNGKey(key))
+    config = engine_config(B, 4, group.pop("mode"), beta=0.0)
+    config.group.update(group)
+    spec = EngineSpec.from_config(config)
+    policy = transformer_policy(model, spec.group.sampling, horizon)
+
+    def sample_prompts(k, data):
+        return TokenPrompts(data, None, {})
+
+    def term(state, prompts, tokens, mask, ref):  # the mean token weight of the completion
+        return jnp.sum(WEIGHTS[tokens] * mask, -1) / jnp.maximum(mask.sum(-1), 1.0)
+
+    tx = optax.sgd(0.5)
+    classes = candidates.task_classes(spec.group, ["a", "b", "c", " ", "d", ",", "1", ""])
+    step = engine.make_grpo_step(
+        spec, policy, None, sample_prompts, (RewardTerm("w", 1.0, term),), tx, lambda s: 0.5,
+        token_classes=classes,
+    )  # fmt: skip
+    prompts = jnp.array([[1, 2], [3, 4]], jnp.int32)
+    state, metrics = jax.jit(step.fused)(init_state(params, tx, 0), StepInputs(prompts, None))
+    return state.params, metrics
+
+
+def _differs(a, b, atol=1e-6):
+    return not all(
+        np.allclose(x, y, atol=atol)
+        for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b), strict=True)
+    )
+
+
+def _assert_same(a, b, atol=1e-6):
+    for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b), strict=True):
+        np.testing.assert_allclose(x, y, atol=atol)
+
+
+@pytest.mark.parametrize("coverage", [1.0])
+def test_pruned_at_full_coverage_is_the_exhaustive_step(coverage):
+    """Coverage 1 with room for all V: the same rollouts, loss and update as exhaustive."""
+    want, m_want = _engine_run(3, mode="exhaustive")
+    got, m_got = _engine_run(3, mode="pruned", coverage=coverage, max_candidates=V)
+    _assert_same(got, want)
+    np.testing.assert_allclose(m_got["loss"], m_want["loss"], atol=1e-7)
+    assert float(m_got["group/uncovered_mass"]) < 1e-6
+    # a smaller set: the policy's mass outside it is reported, and the update differs
+    part, m_part = _engine_run(3, mode="pruned", coverage=0.5, max_candidates=V)
+    assert 0.0 < float(m_part["group/uncovered_mass"]) < 0.5
+    assert float(m_part["group/candidates"]) < V
+    assert _differs(part, want)
+
+
+def test_hierarchical_expanding_every_class_is_the_exhaustive_step():
+    """With one token per completion (nothing sampled after the decision point) and every
+    class expanded, the hierarchical update is the exhaustive one; with one class expanded it
+    is an estimate of it."""
+    want, _ = _engine_run(1, mode="exhaustive")
+    got, m_got = _engine_run(1, mode="hierarchical", class_kind="chars", expand_classes=5)
+    _assert_same(got, want)
+    np.testing.assert_allclose(m_got["group/expanded_mass"], 1.0, atol=1e-6)
+    blocks = {"mode": "hierarchical", "class_kind": "blocks", "num_classes": 2}
+    both, _ = _engine_run(1, **blocks, expand_classes=2)
+    _assert_same(both, want)
+    # one of two blocks of 4 expanded (the chars classes would leave only singletons, exact)
+    one, m_one = _engine_run(1, **blocks, expand_classes=1)
+    assert float(m_one["group/expanded_mass"]) < 1.0
+    assert _differs(one, want)
+
+
+def test_value_horizon_is_a_run_of_that_horizon():
+    """Greedy continuations (top_k = 1), so the trajectories do not depend on the uniforms:
+    exhaustive with T = 3 and value_horizon = 2 updates like exhaustive with T = 2."""
+    want, m_want = _engine_run(2, mode="exhaustive", top_k=1)
+    got, m_got = _engine_run(3, mode="exhaustive", top_k=1, value_horizon=2)
+    _assert_same(got, want, atol=1e-5)
+    np.testing.assert_allclose(m_got["completions/mean_length"], 2.0)
+    full, _ = _engine_run(3, mode="exhaustive", top_k=1)
+    assert _differs(full, want, atol=1e-5)
