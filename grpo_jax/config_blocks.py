@@ -74,6 +74,16 @@ def mesh_block():
     return m
 
 
+def cheap_group_fields(g, max_candidates=64, num_classes=32):
+    """The settings of the forced groups that cost less than V rollouts (candidates.py)."""
+    g.coverage = 0.95  # pruned: candidates cover this much of the guide's probability mass
+    g.max_candidates = max_candidates  # pruned: at most this many candidates (static group size)
+    g.class_kind = "chars"  # hierarchical classes: chars (by first char) | blocks (id ranges)
+    g.num_classes = num_classes  # hierarchical, class_kind=blocks: number of id blocks
+    g.expand_classes = 1  # hierarchical: classes with the most mass whose every token is forced
+    g.value_horizon = 0  # forced members run this many tokens (0 = the full horizon)
+
+
 def optim_block(learning_rate, warmup_steps=0, end_lr_fraction=0.1, grad_clip=1.0, b2=0.99):
     o = config_dict.ConfigDict()
     o.learning_rate = learning_rate  # peak learning rate

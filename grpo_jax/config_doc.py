@@ -4,8 +4,8 @@
 source, so they cannot drift from the file: a field's comment is the trailing ``# ...`` of the
 line that assigns it, or the comment lines directly above that line (the config files use both,
 the second for comments too long for one line). Fields that a shared block of
-``config_blocks`` builds (``c.mesh = blocks.mesh_block()``) take their comments from that block's
-function. ``tests/test_config_doc.py`` holds every packaged config to a comment on every field.
+``config_blocks`` builds (``c.mesh = blocks.mesh_block()``) or adds to a block
+(``blocks.cheap_group_fields(c.group)``) take their comments from that block's function. ``tests/test_config_doc.py`` holds every packaged config to a comment on every field.
 """
 
 from __future__ import annotations
@@ -77,7 +77,21 @@ def field_comments(config_file: str | Path) -> dict[str, str]:
         if isinstance(called, ast.Attribute) and called.attr in block_fields:
             for field, field_comment in block_fields[called.attr].items():
                 out.setdefault(f"{path}.{field}", field_comment)
+    for path, func in _block_calls(Path(config_file).read_text()):
+        for field, field_comment in block_fields.get(func, {}).items():
+            out.setdefault(f"{path}.{field}", field_comment)
     return out
+
+
+def _block_calls(source: str):
+    """(dotted path, function) of every ``blocks.f(c.a.b, ...)`` statement: a block function
+    that adds fields to an existing block."""
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Expr) and isinstance(node.value, ast.Call):
+            call = node.value
+            path = _attribute_path(call.args[0]) if call.args else None
+            if isinstance(call.func, ast.Attribute) and path:
+                yield ".".join(path), call.func.attr
 
 
 def leaves(config, prefix: str = ""):

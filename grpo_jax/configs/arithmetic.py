@@ -7,7 +7,7 @@ Usage:
   python -m grpo_jax.main --config=arithmetic --config.init_from=runs/warm ...
 
 `get_config(arg)` takes comma-separated variant tokens:
-  group mode: sampled (default) | exhaustive (every first token forced)
+  group mode: sampled (default) | exhaustive (every first token forced) | pruned | hierarchical
   rewards:    (none: Python rewards on decoded text) | jax (their jittable twins)
   size:       (none: 2-core CPU, minutes) | tiny (unit tests, seconds)
 """
@@ -16,7 +16,7 @@ from ml_collections import config_dict
 
 from grpo_jax import config_blocks as blocks
 
-GROUP_MODES = ("sampled", "exhaustive")
+GROUP_MODES = ("sampled", "exhaustive", "pruned", "hierarchical")
 OTHER = ("jax", "tiny")
 VARIANTS = GROUP_MODES + OTHER  # the tokens get_config(arg) accepts, comma-separated
 
@@ -59,13 +59,14 @@ def get_config(arg=None):
     c.pretrain.learning_rate = 3e-3  # supervised peak learning rate
 
     c.group = config_dict.ConfigDict()
-    c.group.mode = mode  # sampled | exhaustive (all V first tokens forced)
+    c.group.mode = mode  # sampled | exhaustive (all V first tokens forced) | pruned | hierarchical
     # G completions per problem (sampled groups); 16 is also the vocabulary (PAD, EOS, 14
     # chars), so an exhaustive group costs what a sampled one does
     c.group.size = 16
     c.group.temperature = 1.0  # sampling temperature (also that of the training log-probs)
     c.group.top_k = 0  # sample from the top-k tokens only (0 = off)
     c.group.top_p = 1.0  # nucleus sampling mass (1.0 = off)
+    blocks.cheap_group_fields(c.group, max_candidates=16, num_classes=4)
 
     c.reward = config_dict.ConfigDict()
     c.reward.terms = "correct:1.0"  # weighted sum of correct (1/0) and format (1/0)
