@@ -161,37 +161,51 @@ def resolve_data_path(path: str = "") -> pathlib.Path:
 
 
 class Corpus(NamedTuple):
-    vocab: Vocab
+    vocab: Vocab  # or a bpe.BpeTokenizer (data.tokenizer=bpe): encode, decode, size
     train: np.ndarray  # int32 [N_train]
     val: np.ndarray  # int32 [N_val]
     sha256: str = ""  # of the file read: checkpoints record it (integrity.py)
 
 
+def read_corpus(data_config) -> tuple[str, int, str]:
+    """The corpus text, where its train split ends (train first, contiguous) and the file's
+    sha256. `data_config` is `config.data`; missing fields take their defaults."""
+    frac = float(data_config.get("train_fraction", 0.9))
+    if not 0.0 < frac < 1.0:
+        raise ValueError(f"data.train_fraction={frac} must lie strictly in (0, 1)")
+    path = resolve_data_path(data_config.get("path", ""))
+    text = path.read_text(encoding="utf-8")
+    return text, int(len(text) * frac), file_sha256(path)
+
+
+def window_len(data_config) -> int:
+    """Tokens per prompt and continuation: context_len + horizon (0 when unset)."""
+    return int(data_config.get("context_len", 0)) + int(data_config.get("horizon", 0))
+
+
+def check_splits(train, val, window: int, unit: str = "chars") -> None:
+    """Each split must hold more than one window of `window` tokens (`unit` names them)."""
+    for name, part in (("train", train), ("val", val)):
+        if len(part) <= window:
+            raise ValueError(
+                f"{name} split has {len(part)} {unit}, too few for windows of "
+                f"context_len + horizon = {window}: change data.train_fraction "
+                "or use a larger corpus"
+            )
+
+
 def load_corpus(data_config) -> Corpus:
-    """Reads, encodes and splits the corpus (contiguous split, train first).
+    """Reads, encodes and splits the corpus into char ids (contiguous split, train first).
 
     `data_config` is `config.data` (path, train_fraction, context_len, horizon);
     missing fields take their defaults.
     """
-    get = data_config.get
-    frac = float(get("train_fraction", 0.9))
-    if not 0.0 < frac < 1.0:
-        raise ValueError(f"data.train_fraction={frac} must lie strictly in (0, 1)")
-    path = resolve_data_path(get("path", ""))
-    text = path.read_text(encoding="utf-8")
+    text, split, sha256 = read_corpus(data_config)
     vocab = Vocab.from_text(text)  # from the whole text so val chars encode
     tokens = vocab.encode(text)
-    split = int(len(tokens) * frac)
     train, val = tokens[:split], tokens[split:]
-    window = int(get("context_len", 0)) + int(get("horizon", 0))
-    for name, part in (("train", train), ("val", val)):
-        if len(part) <= window:
-            raise ValueError(
-                f"{name} split has {len(part)} chars, too few for windows of "
-                f"context_len + horizon = {window}: change data.train_fraction "
-                "or use a larger corpus"
-            )
-    return Corpus(vocab, train, val, file_sha256(path))
+    check_splits(train, val, window_len(data_config))
+    return Corpus(vocab, train, val, sha256)
 
 
 def random_windows(key, tokens, batch_size: int, width: int) -> jax.Array:

@@ -1,8 +1,13 @@
-"""Held-out evaluation of a char policy on fixed validation windows (one jitted function).
+"""Held-out evaluation of a policy on fixed validation windows (one jitted function).
 
-Metrics (N windows of C context chars + H target chars):
-  eval/next_char_accuracy  teacher-forced argmax accuracy on the H target positions
-  eval/val_loss            teacher-forced cross-entropy, nats/char, on the same positions
+Metrics (N windows of C context tokens + H target tokens; a token is a char by default):
+  eval/next_char_accuracy  teacher-forced argmax accuracy on the H target positions; with a
+                           subword vocabulary, the greedy token's first char vs the true next
+                           char (the same figure for chars, comparable across tokenizers)
+  eval/val_loss            teacher-forced cross-entropy, nats/token, on the same positions
+  eval/bits_per_char       the same held-out NLL in bits over the chars the scored tokens
+                           decode to (val_loss / ln 2 for chars)
+  eval/next_token_accuracy, eval/bits_per_token   (subword vocabularies only) per token
   eval/rollout_accuracy    a greedy rollout's per-char match with the true continuation
   eval/pass_at_k           P(at least one of k first-char samples is right) = E[1 - (1 - π(y0))^k],
                            computed exactly from the policy instead of by sampling
@@ -11,6 +16,7 @@ Metrics (N windows of C context chars + H target chars):
 """
 
 import math
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -21,26 +27,70 @@ from grpo_jax.model import Transformer
 from grpo_jax.policy import TokenPrompts, sample, transformer_policy
 
 GREEDY = ro.SamplingParams(temperature=1.0, top_k=1, top_p=1.0)
+LN2 = math.log(2.0)
 
 
-def make_eval_fn(model: Transformer, context_len: int, horizon: int, batch_size: int, pass_k):
-    """Returns evaluate(params, context [N, C], target [N, H]) -> dict of arrays (jittable)."""
+class TokenChars(NamedTuple):
+    """What each token of a subword vocabulary decodes to (bpe.BpeTokenizer's arrays)."""
+
+    first_char: np.ndarray  # int32 [V]: code point of its first char
+    num_chars: np.ndarray  # int32 [V]: chars it decodes to
+
+
+def teacher_forced(logits, target, token_chars: TokenChars | None) -> dict:
+    """Per-window rows over the H target positions, from logits [n, H, V] and target [n, H]:
+    mean NLL (nats per token) and argmax accuracy; for subwords also the first-char accuracy,
+    the NLL sum and the number of chars the targets decode to (per_char's ratio of sums)."""
+    logp = jax.nn.log_softmax(logits, -1)
+    nll = -jnp.take_along_axis(logp, target[..., None], -1)[..., 0]
+    pred = jnp.argmax(logits, -1)
+    rows = {"nll": nll.mean(1), "acc": (pred == target).astype(jnp.float32).mean(1)}
+    if token_chars is not None:
+        first, count = jnp.asarray(token_chars.first_char), jnp.asarray(token_chars.num_chars)
+        rows["char_acc"] = (first[pred] == first[target]).astype(jnp.float32).mean(1)
+        rows["nll_sum"] = nll.sum(1)
+        rows["chars"] = count[target].sum(1)
+    return rows
+
+
+def per_char(out: dict, token_chars: TokenChars | None) -> dict:
+    """The accuracy and bits that compare across tokenizers, from one_batch's per-window rows:
+    for chars a token is a char; for subwords the char figures count decoded chars and the
+    per-token ones are kept beside them."""
+    val_loss = out["nll"].mean()
+    if token_chars is None:
+        return {"eval/next_char_accuracy": out["acc"].mean(), "eval/bits_per_char": val_loss / LN2}
+    return {
+        "eval/next_char_accuracy": out["char_acc"].mean(),
+        "eval/bits_per_char": out["nll_sum"].sum() / out["chars"].sum() / LN2,
+        "eval/next_token_accuracy": out["acc"].mean(),
+        "eval/bits_per_token": val_loss / LN2,
+    }
+
+
+def make_eval_fn(
+    model: Transformer,
+    context_len: int,
+    horizon: int,
+    batch_size: int,
+    pass_k,
+    token_chars: TokenChars | None = None,
+):
+    """Returns evaluate(params, context [N, C], target [N, H]) -> dict of arrays (jittable).
+    ``token_chars``: None for a char vocabulary, else its tokens' chars (per_char)."""
     greedy_policy = transformer_policy(model, GREEDY, horizon)
 
     def one_batch(params, ctx, tgt):
         full = jnp.concatenate([ctx, tgt], axis=1)
         logits = model.apply({"params": params}, full[:, :-1])[:, context_len - 1 :]  # [n, H, V]
-        logp = jax.nn.log_softmax(logits, -1)
-        nll = -jnp.take_along_axis(logp, tgt[..., None], -1)[..., 0]
-        acc = (jnp.argmax(logits, -1) == tgt).astype(jnp.float32)
+        logp = jax.nn.log_softmax(logits, -1)  # the same op as teacher_forced's (one, fused)
         p0 = jnp.exp(logp[:, 0])[jnp.arange(tgt.shape[0]), tgt[:, 0]]
         # greedy rollout: top-1 filtering makes the inverse-CDF sampler an argmax
         u = jnp.zeros((ctx.shape[0], 1, horizon))
         tokens, _ = sample(greedy_policy, params, TokenPrompts(ctx, None, {}), u, GREEDY)
         greedy = tokens[:, 0]
         return {
-            "nll": nll.mean(1),
-            "acc": acc.mean(1),
+            **teacher_forced(logits, tgt, token_chars),
             "rollout_acc": (greedy == tgt).astype(jnp.float32).mean(1),
             "p0": p0,
             "greedy": greedy,
@@ -55,7 +105,7 @@ def make_eval_fn(model: Transformer, context_len: int, horizon: int, batch_size:
         out = jax.tree.map(lambda x: x.reshape(nb * batch_size, *x.shape[2:]), out)
         res = {
             "eval/val_loss": out["nll"].mean(),
-            "eval/next_char_accuracy": out["acc"].mean(),
+            **per_char(out, token_chars),
             "eval/rollout_accuracy": out["rollout_acc"].mean(),
             "greedy": out["greedy"],
         }

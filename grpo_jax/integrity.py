@@ -4,7 +4,9 @@ A step folder's ``integrity`` item (JSON) records
 
 * ``identity``: what the run was trained on, ``{"vocab_sha256": ..., "data_sha256": ...}``.
   A corpus of the same size with other characters gives the same shapes, so only these
-  digests tell that its ids now mean other characters;
+  digests tell that its ids now mean other characters. A vocabulary kept as a file in the
+  workdir (a BPE tokenizer.json) is digested byte for byte and named (``vocab_file``), so a
+  resume on an edited or replaced file is refused naming it;
 * ``state_sha256``: one sha256 per top-level entry of the saved state (``params``,
   ``opt_state``, ...), over its leaves' paths, dtypes, shapes and bytes in sorted path order.
   A flipped bit in a data file loads silently through orbax (uncompressed float bytes),
@@ -54,8 +56,13 @@ def vocab_sha256(vocab: Any) -> str | None:
 
 
 def run_identity(vocab: Any, data_sha256: str | None = None) -> dict[str, str]:
-    """The identity a checkpoint records and a resume checks (absent entries are not checked)."""
-    identity = {"vocab_sha256": vocab_sha256(vocab), "data_sha256": data_sha256 or None}
+    """The identity a checkpoint records and a resume checks (absent entries are not checked;
+    ``vocab_file``, the name of a vocabulary kept in the workdir, only words the refusal)."""
+    identity = {
+        "vocab_sha256": vocab_sha256(vocab),
+        "data_sha256": data_sha256 or None,
+        "vocab_file": getattr(vocab, "file_name", None),
+    }
     return {k: v for k, v in identity.items() if v}
 
 
@@ -115,6 +122,10 @@ def identity_mismatch(step: int, saved: dict, current: dict) -> str | None:
             "use the file it was trained on, or a fresh --workdir",
         ),
     }
+    name = current.get("vocab_file")
+    if name:  # the vocabulary is the workdir's file, not the corpus's characters
+        fix = f"restore the {name} it was trained with, or use a fresh --workdir"
+        what["vocab_sha256"] = ("a tokenizer", f"the workdir's {name} now has", fix)
     for key, (noun, now, fix) in what.items():
         if key in saved and key in current and saved[key] != current[key]:
             return (

@@ -1,4 +1,5 @@
-"""Character n-gram reference language models (orders 1-5) as jittable pytrees.
+"""N-gram reference language models (orders 1-5) over token ids as jittable pytrees: chars,
+or BPE tokens (data.tokenizer=bpe), where "char" below reads "token".
 
 A dense order-5 table would need 65**4 contexts x 65 entries, so each order k
 keeps only the contexts seen in train: their (k-1)-char contexts as sorted
@@ -20,6 +21,10 @@ import numpy as np
 from flax import struct
 
 MAX_ORDER = 5
+# Dense rows: an order's table holds (seen contexts + 1) x V log-probs. Chars never come near
+# (order 5: 3.2M); a subword vocabulary does (order 3 over 1024 BPE tokens: 61M, over 4096:
+# 378M, ~9 GB of counting temporaries), so a table past this is refused before it is built.
+MAX_TABLE_ENTRIES = 1 << 26
 
 
 @struct.dataclass
@@ -82,6 +87,12 @@ def fit_ngram(
         for j in range(ctx_len):  # oldest char first = most significant digit
             code = code * v + tokens[j : j + len(nxt)]
         uniq, inv = np.unique(code, return_inverse=True)
+        if (len(uniq) + 1) * v > MAX_TABLE_ENTRIES:
+            raise ValueError(
+                f"an order-{k} n-gram over {v} tokens needs a table of {len(uniq) + 1} seen "
+                f"contexts x {v} = {(len(uniq) + 1) * v:,} log-probs (limit "
+                f"{MAX_TABLE_ENTRIES:,}): lower reference.ngram_order / eval.ngram_baselines"
+            )
         counts = np.bincount(inv.reshape(-1) * v + nxt, minlength=len(uniq) * v)
         counts = counts.reshape(len(uniq), v).astype(np.float64)
         denom = counts.sum(axis=1, keepdims=True) + smoothing * v
@@ -189,12 +200,17 @@ def next_char_accuracy(lm: NgramLM, tokens: np.ndarray, chunk: int = 1 << 16) ->
     return correct / n
 
 
+def window_predictions(lm: NgramLM, context: np.ndarray, target: np.ndarray) -> np.ndarray:
+    """int [W, H]: the n-gram's argmax next token at each target position, given its true
+    history in the window (context [W, C], target [W, H])."""
+    full = jnp.asarray(np.concatenate([context, target], axis=1), jnp.int32)
+    return np.asarray(_argmax_next(lm, full[:, :-1]))[:, context.shape[1] - 1 :]
+
+
 def window_hits(lm: NgramLM, context: np.ndarray, target: np.ndarray) -> np.ndarray:
     """bool [W, H]: the n-gram's argmax next char equals target, each target char given its
     true history in the window (context [W, C], target [W, H])."""
-    full = jnp.asarray(np.concatenate([context, target], axis=1), jnp.int32)
-    pred = np.asarray(_argmax_next(lm, full[:, :-1]))[:, context.shape[1] - 1 :]
-    return pred == np.asarray(target)
+    return window_predictions(lm, context, target) == np.asarray(target)
 
 
 def window_accuracy(lm: NgramLM, context: np.ndarray, target: np.ndarray) -> float:

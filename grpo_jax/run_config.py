@@ -14,7 +14,8 @@ written*:
   later comparisons start from the record with those changes applied.
 
 Both sides go through the same JSON serialisation, so tuples, None and floats compare as
-they are stored.
+they are stored. ``keep_files`` writes what a task keeps beside its checkpoints (a trained
+tokenizer.json) once a run goes ahead, like config.json.
 """
 
 from __future__ import annotations
@@ -152,3 +153,20 @@ def record(workdir: Path, config: Any, changes: dict[str, tuple], step: int) -> 
         entry = {"step": int(step), "changed": {k: list(v) for k, v in changes.items()}}
         with open(workdir / HISTORY, "a") as f:
             f.write(json.dumps(entry, sort_keys=True) + "\n")
+
+
+def keep_files(workdir: Path, files) -> None:
+    """Writes a task's files (``Task.files``: (name, text) pairs, e.g. a trained tokenizer)
+    that the workdir lacks; an existing one is what this run's task was built from. Atomic
+    (a temp file renamed), so a crash never leaves half a tokenizer (process 0)."""
+    if jax.process_index() != 0:
+        return
+    workdir.mkdir(parents=True, exist_ok=True)
+    for name, text in files:
+        path = workdir / name
+        if path.exists():
+            continue
+        tmp = workdir / f".{name}.tmp"
+        # bytes, not text mode: no newline translation, so the file's sha256 is the text's
+        tmp.write_bytes(text.encode("utf-8"))
+        os.replace(tmp, path)

@@ -18,6 +18,7 @@ from absl import logging
 
 from grpo_jax import checkpoint as ckpt_lib
 from grpo_jax import diagnostics, integrity, interrupts, run_config, sharding
+from grpo_jax import task as task_lib
 from grpo_jax.distributed import is_main_process
 from grpo_jax.metric_writers import MetricWriter, ProgressBar
 from grpo_jax.specs import TrainSpec
@@ -129,9 +130,16 @@ def train_and_evaluate(config, workdir: str, mode: str = "train"):
         return _train_and_evaluate(config, workdir, mode)
 
 
+def _build_in(config, workdir, mode):
+    """The task, built in ``workdir`` (it may load what an earlier run kept there: a
+    tokenizer); every setting is checked before the workdir is touched."""
+    with task_lib.building_in(workdir):
+        return build_task(config, mode)
+
+
 def _train_and_evaluate(config, workdir: str, mode: str = "train"):
     quiet_orbax()
-    task = build_task(config, mode)  # every setting is checked before the workdir is touched
+    task = _build_in(config, workdir, mode)
     tc, mesh, workdir, resolved, changes = _check_run(config, workdir, mode)
     if mode == "train":
         config = warm_up(config, workdir)  # = resolved, once the warm-up's checkpoint exists
@@ -167,6 +175,7 @@ def _train_and_evaluate(config, workdir: str, mode: str = "train"):
     if is_main_process():
         logging.info("%s over %d devices", sharding.describe(mesh), mesh.size)
     run_config.record(workdir, resolved, changes, int(state.step))  # the run goes ahead
+    run_config.keep_files(workdir, task.files)
     writer = MetricWriter(
         workdir,
         tensorboard=config.logging.tensorboard,
@@ -260,7 +269,7 @@ def _evaluate(task, params, step, writer, monitor):
 def restore_params(config, workdir: str, task=None):
     """The params of the latest checkpoint in workdir; a workdir without one is refused
     (nothing is created: an evaluation of a random init would pass for the run's)."""
-    task = task or build_task(config, "eval")
+    task = task or _build_in(config, workdir, "eval")
     directory = Path(workdir).expanduser() / "checkpoints"
     if ckpt_lib.latest_step_of(directory) is None:
         raise ValueError(
@@ -280,5 +289,5 @@ def restore_params(config, workdir: str, task=None):
 
 def evaluate_only(config, workdir: str):
     """--mode=eval / --mode=sample: evaluate the latest checkpoint in workdir."""
-    task = build_task(config, "eval")
+    task = _build_in(config, workdir, "eval")
     return task.evaluate(restore_params(config, workdir, task))

@@ -8,7 +8,11 @@ Usage:
 `get_config(arg)` takes comma-separated variant tokens:
   group mode: exhaustive (default) | sampled | guided | adaptive
   size:       (none: 2-core CPU, ~10 min) | full (one GPU/TPU) | tiny (unit tests, seconds)
+  tokenizer:  (none: chars) | bpe<N>: a BPE vocabulary of N tokens trained on the train split
+              (bpe = bpe1024; e.g. shakespeare:bpe4096,sampled); windows count tokens
 """
+
+import re
 
 from ml_collections import config_dict
 
@@ -16,11 +20,24 @@ from grpo_jax import config_blocks as blocks
 
 GROUP_MODES = ("exhaustive", "sampled", "guided", "adaptive")
 SIZES = ("full", "tiny")
-VARIANTS = GROUP_MODES + SIZES  # the tokens get_config(arg) accepts, comma-separated
+BPE_DEFAULT = 1024  # the vocabulary size of plain "bpe"
+BPE = re.compile(r"bpe(\d*)")  # any bpe<N> is accepted; these are the listed examples:
+TOKENIZERS = ("bpe", "bpe256", "bpe1024", "bpe4096")
+VARIANTS = GROUP_MODES + SIZES + TOKENIZERS  # the tokens get_config(arg) accepts, comma-separated
+
+
+def bpe_size(arg) -> int:
+    """The BPE vocabulary size the variant tokens name (0: chars); two is an error."""
+    named = [t.strip() for t in (arg or "").split(",") if BPE.fullmatch(t.strip())]
+    if len(named) > 1:
+        raise ValueError(f"config variants name two tokenizers {named}; pick one")
+    return int(named[0][3:] or BPE_DEFAULT) if named else 0
 
 
 def get_config(arg=None):
-    tokens = blocks.variant_tokens(arg, VARIANTS, "shakespeare")
+    size = bpe_size(arg)
+    bpe_token = [f"bpe{size}", "bpe"] if size else []
+    tokens = blocks.variant_tokens(arg, VARIANTS + tuple(bpe_token), "shakespeare")
     mode = blocks.pick_one(tokens, GROUP_MODES, "exhaustive", "group modes")
 
     c = config_dict.ConfigDict()
@@ -31,9 +48,13 @@ def get_config(arg=None):
 
     c.data = config_dict.ConfigDict()
     c.data.path = ""  # corpus file; "" -> $GRPO_JAX_DATA -> user cache -> download
-    c.data.context_len = 100  # C: prompt chars before the decision point
-    c.data.horizon = 70  # H: generated chars scored against the true continuation
-    c.data.train_fraction = 0.9  # contiguous train/val split point
+    # char: one token per character of the corpus | bpe: data.vocab_size BPE tokens trained on
+    # the train split (grpo_jax/bpe.py), saved as <workdir>/tokenizer.json and reloaded on resume
+    c.data.tokenizer = "bpe" if size else "char"
+    c.data.vocab_size = size  # BPE vocabulary size, the corpus's characters included (0: char)
+    c.data.context_len = 100  # C: prompt tokens (chars by default) before the decision point
+    c.data.horizon = 70  # H: generated tokens scored against the true continuation's tokens
+    c.data.train_fraction = 0.9  # contiguous train/val split point (cut in the text)
 
     c.model = config_dict.ConfigDict()
     c.model.num_layers = 4  # transformer blocks
@@ -46,7 +67,7 @@ def get_config(arg=None):
 
     c.reference = config_dict.ConfigDict()
     c.reference.kind = "ngram"  # ngram | policy (frozen initial policy) | none
-    c.reference.ngram_order = 3  # n of the character n-gram reference (1..5)
+    c.reference.ngram_order = 3  # n of the n-gram reference over tokens (1..5)
     c.reference.smoothing = 0.1  # add-k smoothing of the n-gram counts
 
     c.group = config_dict.ConfigDict()
@@ -148,6 +169,11 @@ def get_config(arg=None):
     # plain config warns early on purpose: its policy is far from the reference
     c.diagnostics = blocks.diagnostics_block()
 
+    if size:
+        # n-gram tables hold a dense row of V log-probs per seen context: order 3 over 1024
+        # tokens is 61M entries (~2 GB to count), over 4096 past reference.MAX_TABLE_ENTRIES
+        c.reference.ngram_order = 2
+        c.eval.ngram_baselines = (1, 2)
     if mode == "sampled":
         c.group.size = 4
     elif mode == "adaptive":
