@@ -82,6 +82,8 @@ def cheap_group_fields(g, max_candidates=64, num_classes=32):
     g.num_classes = num_classes  # hierarchical, class_kind=blocks: number of id blocks
     g.expand_classes = 1  # hierarchical: classes with the most mass whose every token is forced
     g.value_horizon = 0  # forced members run this many tokens (0 = the full horizon)
+    # forced groups per rollout, at its highest-entropy positions (> 1 needs value_horizon)
+    g.decision_points = 1
 
 
 def optim_block(learning_rate, warmup_steps=0, end_lr_fraction=0.1, grad_clip=1.0, b2=0.99):

@@ -5,7 +5,8 @@ source, so they cannot drift from the file: a field's comment is the trailing ``
 line that assigns it, or the comment lines directly above that line (the config files use both,
 the second for comments too long for one line). Fields that a shared block of
 ``config_blocks`` builds (``c.mesh = blocks.mesh_block()``) or adds to a block
-(``blocks.cheap_group_fields(c.group)``) take their comments from that block's function. ``tests/test_config_doc.py`` holds every packaged config to a comment on every field.
+(``blocks.cheap_group_fields(c.group)``) take their comments from that block's function.
+``tests/test_config_doc.py`` holds every packaged config to a comment on every field.
 """
 
 from __future__ import annotations

@@ -98,6 +98,7 @@ def make_grpo_step(
     reward_discount: float = 1.0,
     per_token_advantages: bool = False,
     token_classes=None,
+    completion_fields: tuple = (),
 ) -> Step:
     """The one GRPO step.
 
@@ -105,11 +106,15 @@ def make_grpo_step(
     reward_terms: rewards.RewardTerm s (jittable on token arrays, or Python on strings);
     decode(prompts, tokens, mask) -> (prompt texts, completion texts, fields): the host
     side of Python rewards (numpy in, lists out), needed only when one is configured;
-    token_classes: [V] class ids for group.mode=hierarchical (candidates.task_classes)."""
+    token_classes: [V] class ids for group.mode=hierarchical (candidates.task_classes);
+    completion_fields: prompt fields aligned with the completion (shifted at later decision
+    points, group.decision_points > 1; groups.branch_prompts)."""
     g, obj = spec.group, spec.objective
     forced_flags = g.forced
     mu = obj.num_iterations
-    collect = groups.make_collect(g, policy, reference, member_map, token_classes)
+    collect = groups.make_collect(
+        g, policy, reference, member_map, token_classes, completion_fields
+    )
     loss_fn = make_loss(obj, g, policy, reference is not None)
     device_terms = tuple(t for t in reward_terms if not t.host)
     host_terms = tuple(t for t in reward_terms if t.host)

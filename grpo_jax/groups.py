@@ -33,6 +33,13 @@ their return is what those h tokens earn (the decision point's own signal is not
 T - h later tokens), and the rollout, the reference and the training forward run h tokens.
 The part's arrays keep the static T (tokens past h are masked), so rewards and metrics read
 it like any other part.
+
+``group.decision_points`` = k > 1 (forced modes, with a value horizon h): one sampled
+rollout per prompt picks the k positions p in [0, T - h] where the policy's entropy is
+highest, and the forced group runs at each of them, all B·k decision points in one batch. A
+decision point at p is a prompt of its own: the last P tokens of prompt + rollout[:p], with
+the task's completion-aligned fields (``completion_fields``, e.g. the true continuation)
+shifted by p (``branch_prompts``). Fixed-length token prompts only.
 """
 
 import math
@@ -43,7 +50,7 @@ import jax.numpy as jnp
 
 from grpo_jax import candidates, objective
 from grpo_jax import rollout as ro
-from grpo_jax.policy import Policy, Reference, rollout
+from grpo_jax.policy import Policy, Reference, TokenPrompts, rollout
 from grpo_jax.specs import GroupSpec
 
 
@@ -116,8 +123,10 @@ def members_per_prompt(spec: GroupSpec, vocab_size: int, batch_size: int, classe
 
 
 def generated_per_prompt(spec: GroupSpec, vocab_size, batch_size, horizon, classes=None):
-    """Generated tokens per prompt and step at the full horizon (value_horizon shortens the
-    forced members': EOS-terminated completions generate fewer, see ``generated_tokens``)."""
+    """Generated tokens per prompt and step at the full horizon (EOS-terminated completions
+    generate fewer, see the ``generated_tokens`` metric). Forced members run the value
+    horizon; decision points add k forced groups and their one branch rollout (the metric
+    counts the groups' tokens only)."""
     if spec.mode == "sampled":
         return spec.size * horizon
     forced_h = min(spec.value_horizon or horizon, horizon)
@@ -125,7 +134,8 @@ def generated_per_prompt(spec: GroupSpec, vocab_size, batch_size, horizon, class
     if spec.mode == "adaptive":
         forced = members - spec.size
         return spec.size * horizon + forced * forced_h
-    return members * forced_h
+    branch = horizon if spec.decision_points > 1 else 0
+    return members * forced_h * spec.decision_points + branch
 
 
 def sequence_returns(rewards, mask, discount=1.0):
@@ -147,14 +157,54 @@ def pad_time(x, t: int, value=0):
     return jnp.pad(x, pad, constant_values=value)
 
 
+def branch_prompts(prompts: TokenPrompts, tokens, positions, completion_fields=()):
+    """Decision points inside completions as prompts of their own.
+
+    prompts: fixed-length TokenPrompts [B, P]; tokens [B, T]: one completion per prompt;
+    positions [B, k] in [0, T]. Returns TokenPrompts [B·k, P]: row (b, j) holds the last P
+    tokens of prompts[b] + tokens[b, :positions[b, j]], and every field named in
+    ``completion_fields`` ([B, T, ...], aligned with the completion) shifted left by the
+    position (its tail repeats the last entry: only positions the value horizon reaches are
+    read)."""
+    b, p = prompts.tokens.shape
+    k = positions.shape[1]
+    seq = jnp.concatenate([prompts.tokens, tokens], axis=1)  # [B, P + T]
+    window = jnp.take_along_axis(seq[:, None], positions[..., None] + jnp.arange(p), 2)
+    flat = positions.reshape(-1)
+
+    def field(name, x):
+        x = jnp.repeat(x, k, axis=0)
+        if name not in completion_fields:
+            return x
+        idx = jnp.minimum(flat[:, None] + jnp.arange(x.shape[1]), x.shape[1] - 1)
+        return jnp.take_along_axis(x, idx.reshape(idx.shape + (1,) * (x.ndim - 2)), 1)
+
+    fields = {name: field(name, x) for name, x in prompts.fields.items()}
+    return TokenPrompts(window.reshape(b * k, p).astype(jnp.int32), None, fields)
+
+
+def decision_positions(entropy, k: int, horizon: int):
+    """The k positions p <= T - horizon of highest entropy [B, T] (distinct, sorted)."""
+    t = entropy.shape[1]
+    allowed = jnp.arange(t) <= t - horizon
+    _, pos = jax.lax.top_k(jnp.where(allowed, entropy, -jnp.inf), k)
+    return jnp.sort(pos, axis=1)
+
+
 def make_collect(
-    spec: GroupSpec, policy: Policy, reference: Reference | None, member_map=None, classes=None
+    spec: GroupSpec,
+    policy: Policy,
+    reference: Reference | None,
+    member_map=None,
+    classes=None,
+    completion_fields=(),
 ):
     """Returns collect(params, ref_state, prompts, key) -> (parts, info) (pure).
 
     ``member_map(fn, first_tokens, u)`` optionally wraps the per-member rollout (sharding.py
     uses it to shard_map the member axis over the mesh's member axis); ``classes`` [V] are
-    the token classes of group.mode=hierarchical (candidates.token_classes)."""
+    the token classes of group.mode=hierarchical (candidates.token_classes);
+    ``completion_fields``: the prompt fields that branch_prompts shifts."""
     g, sp = spec, spec.sampling
     t, v = policy.completion_length, policy.vocab_size
     h = min(g.value_horizon or t, t)  # forced members' horizon
@@ -239,16 +289,28 @@ def make_collect(
         )
         return forced_part(*common, actions, amask, key), {"guided_candidates": amask.sum(1).mean()}
 
+    def branch(params, prompts, key):
+        """group.decision_points > 1: the B·k decision points of one sampled rollout each."""
+        first_logits, state = policy.prefill(params, prompts)
+        u = jax.random.uniform(key, (first_logits.shape[0], 1, t))
+        tokens, _, entropy, _ = rollout(policy, params, prompts, first_logits, state, None, u, sp)
+        pos = decision_positions(entropy[:, 0], g.decision_points, h)
+        info = {"group/decision_position": jnp.mean(pos.astype(jnp.float32))}
+        return branch_prompts(prompts, tokens[:, 0], pos, completion_fields), info
+
     def collect(params, ref_state, prompts, key):
         k_sample, k_forced, k_guide = jax.random.split(key, 3)
+        info = {}
+        if g.decision_points > 1:
+            prompts, info = branch(params, prompts, k_sample)
         first_logits, state = policy.prefill(params, prompts)
         b = first_logits.shape[0]
         common = (params, ref_state, prompts, first_logits, state)
         if g.mode == "sampled":
             return (sampled_part(*common, k_sample, jnp.ones((b,))),), {}
         if g.mode != "adaptive":
-            forced, info = forced_mode(common, k_forced, k_guide)
-            return (forced,), info
+            forced, mode_info = forced_mode(common, k_forced, k_guide)
+            return (forced,), {**info, **mode_info}
         # adaptive: the budget's most uncertain prompts, gated by the entropy threshold
         ent = objective.entropy_from_logits(ro.tempered_logp(first_logits, sp))
         budget = adaptive_budget(b)

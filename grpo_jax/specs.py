@@ -82,6 +82,7 @@ class GroupSpec:
     num_classes: int  # hierarchical, class_kind=blocks: number of id blocks
     expand_classes: int  # hierarchical: classes whose every member is rolled out
     value_horizon: int  # forced members' horizon (0 = the task's full horizon)
+    decision_points: int  # forced groups per rollout, at its highest-entropy positions
     sampling: SamplingParams
 
     @classmethod
@@ -115,8 +116,29 @@ class GroupSpec:
             num_classes=integer("group.num_classes", g.get("num_classes", 32), 1),
             expand_classes=integer("group.expand_classes", g.get("expand_classes", 1), 1),
             value_horizon=integer("group.value_horizon", g.get("value_horizon", 0)),
+            decision_points=integer("group.decision_points", g.get("decision_points", 1), 1),
             sampling=sampling,
         )
+        require(
+            mode != "sampled" or spec.value_horizon == 0,
+            "group.value_horizon",
+            spec.value_horizon,
+            "must be 0 with group.mode=sampled (it shortens forced members only)",
+        )
+        if spec.decision_points > 1:
+            require(
+                mode not in ("sampled", "adaptive"),
+                "group.decision_points",
+                spec.decision_points,
+                f"must be 1 with group.mode={mode} (decision points force groups: use "
+                "exhaustive, pruned, hierarchical or guided)",
+            )
+            require(
+                spec.value_horizon > 0,
+                "group.decision_points",
+                spec.decision_points,
+                "must be 1 unless group.value_horizon > 0 (later decision points need room)",
+            )
         require(
             spec.guide_top_k_confident <= spec.guide_top_k,
             "group.guide_top_k_confident",
@@ -125,8 +147,24 @@ class GroupSpec:
         )
         return spec
 
-    def check_vocab(self, vocab_size: int) -> None:
-        """Relations to the task's vocabulary, checked before anything is built."""
+    def check_vocab(self, vocab_size: int, horizon: int | None = None) -> None:
+        """Relations to the task's vocabulary (and completion length), checked before anything
+        is built."""
+        if horizon is not None:
+            require(
+                self.value_horizon <= horizon,
+                "group.value_horizon",
+                self.value_horizon,
+                f"must be <= the completion length {horizon}",
+            )
+            room = horizon - (self.value_horizon or horizon) + 1
+            require(
+                self.decision_points <= room,
+                "group.decision_points",
+                self.decision_points,
+                f"must be <= {room}: positions 0..T - value_horizon of a {horizon}-token "
+                "completion",
+            )
         require(
             self.sampling.top_k <= vocab_size,
             "group.top_k",

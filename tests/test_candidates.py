@@ -4,6 +4,7 @@ exact all-action gradient; the value horizon against a run of that horizon."""
 
 import itertools
 
+import chex
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -11,7 +12,7 @@ import optax
 import pytest
 from _engine_config import engine_config
 
-from grpo_jax import candidates, engine, objective
+from grpo_jax import candidates, engine, groups, objective
 from grpo_jax.model import Transformer, init_params
 from grpo_jax.policy import TokenPrompts, transformer_policy
 from grpo_jax.rewards import RewardTerm
@@ -82,9 +83,10 @@ def test_hierarchical_estimator_is_the_exact_gradient_in_expectation():
     np.testing.assert_allclose(_hierarchical_grad(logits, q), exact, atol=1e-6)
 
 
-def _engine_run(horizon, key=0, **group):
-    """One fused GRPO step of a 1-layer transformer on B prompts: (new params, metrics)."""
-    model = Transformer(vocab_size=V, num_layers=1, num_heads=2, d_model=16, max_len=5)
+def _engine_run(horizon, key=0, steps=1, **group):
+    """``steps`` fused GRPO steps (one jit) of a 1-layer transformer on B prompts whose target
+    is the token after the prompt's last: (new params, last metrics)."""
+    model = Transformer(vocab_size=V, num_layers=1, num_heads=2, d_model=16, max_len=6)
     params = init_params(model, jax.random.PRNGKey(key))
     config = engine_config(B, 4, group.pop("mode"), beta=0.0)
     config.group.update(group)
@@ -92,7 +94,7 @@ def _engine_run(horizon, key=0, **group):
     policy = transformer_policy(model, spec.group.sampling, horizon)
 
     def sample_prompts(k, data):
-        return TokenPrompts(data, None, {})
+        return TokenPrompts(data, None, {"target": data[:, -1:] + jnp.arange(horizon)})
 
     def term(state, prompts, tokens, mask, ref):  # the mean token weight of the completion
         return jnp.sum(WEIGHTS[tokens] * mask, -1) / jnp.maximum(mask.sum(-1), 1.0)
@@ -101,10 +103,14 @@ def _engine_run(horizon, key=0, **group):
     classes = candidates.task_classes(spec.group, ["a", "b", "c", " ", "d", ",", "1", ""])
     step = engine.make_grpo_step(
         spec, policy, None, sample_prompts, (RewardTerm("w", 1.0, term),), tx, lambda s: 0.5,
-        token_classes=classes,
+        token_classes=classes, completion_fields=("target",),
     )  # fmt: skip
     prompts = jnp.array([[1, 2], [3, 4]], jnp.int32)
-    state, metrics = jax.jit(step.fused)(init_state(params, tx, 0), StepInputs(prompts, None))
+    chex.clear_trace_counter()  # the counter is per code location: count this run only
+    fused = jax.jit(chex.assert_max_traces(step.fused, n=1))
+    state = init_state(params, tx, 0)
+    for _ in range(steps):
+        state, metrics = fused(state, StepInputs(prompts, None))
     return state.params, metrics
 
 
@@ -161,3 +167,29 @@ def test_value_horizon_is_a_run_of_that_horizon():
     np.testing.assert_allclose(m_got["completions/mean_length"], 2.0)
     full, _ = _engine_run(3, mode="exhaustive", top_k=1)
     assert _differs(full, want, atol=1e-5)
+
+
+def test_branch_prompts_by_hand():
+    """A decision point at p is the last P tokens of prompt + completion[:p], its target
+    shifted by p; other fields are repeated."""
+    prompts = TokenPrompts(
+        jnp.array([[1, 2, 3]]),
+        None,
+        {"target": jnp.array([[10, 11, 12, 13]]), "id": jnp.array([7])},
+    )
+    completion = jnp.array([[20, 21, 22, 23]])
+    out = groups.branch_prompts(prompts, completion, jnp.array([[0, 2]]), ("target",))
+    np.testing.assert_array_equal(out.tokens, [[1, 2, 3], [3, 20, 21]])
+    np.testing.assert_array_equal(out.fields["target"], [[10, 11, 12, 13], [12, 13, 13, 13]])
+    np.testing.assert_array_equal(out.fields["id"], [7, 7])
+    ent = jnp.array([[0.1, 0.9, 0.5, 0.8, 2.0]])
+    np.testing.assert_array_equal(groups.decision_positions(ent, 2, horizon=2), [[1, 3]])
+
+
+def test_decision_points_run_in_one_program():
+    """k = 3 decision points per rollout: 3 steps, one trace (chex.assert_max_traces in
+    _engine_run), B·k forced groups of value_horizon tokens each."""
+    _, metrics = _engine_run(4, steps=3, mode="exhaustive", value_horizon=2, decision_points=3)
+    np.testing.assert_allclose(metrics["completions/mean_length"], 2.0)
+    np.testing.assert_allclose(metrics["generated_tokens"], B * 3 * V * 2)
+    assert 0.0 <= float(metrics["group/decision_position"]) <= 2.0
