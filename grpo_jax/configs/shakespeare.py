@@ -6,7 +6,7 @@ Usage:
   python -m grpo_jax.main --config=shakespeare:exhaustive,full   # one GPU/TPU
 
 `get_config(arg)` takes comma-separated variant tokens:
-  group mode: exhaustive (default) | sampled | guided | adaptive
+  group mode: exhaustive (default) | sampled | guided | adaptive | pruned | hierarchical
   size:       (none: 2-core CPU, ~10 min) | full (one GPU/TPU) | tiny (unit tests, seconds)
   tokenizer:  (none: chars) | bpe<N>: a BPE vocabulary of N tokens trained on the train split
               (bpe = bpe1024; e.g. shakespeare:bpe4096,sampled); windows count tokens
@@ -18,7 +18,7 @@ from ml_collections import config_dict
 
 from grpo_jax import config_blocks as blocks
 
-GROUP_MODES = ("exhaustive", "sampled", "guided", "adaptive")
+GROUP_MODES = ("exhaustive", "sampled", "guided", "adaptive", "pruned", "hierarchical")
 SIZES = ("full", "tiny")
 BPE_DEFAULT = 1024  # the vocabulary size of plain "bpe"
 BPE = re.compile(r"bpe(\d*)")  # any bpe<N> is accepted; these are the listed examples:
@@ -71,7 +71,7 @@ def get_config(arg=None):
     c.reference.smoothing = 0.1  # add-k smoothing of the n-gram counts
 
     c.group = config_dict.ConfigDict()
-    c.group.mode = mode  # sampled | exhaustive | guided | adaptive
+    c.group.mode = mode  # sampled | exhaustive | guided | adaptive | pruned | hierarchical
     c.group.size = 4  # G for sampled groups (and the non-exhaustive part of adaptive)
     c.group.temperature = 1.0  # sampling temperature (also used for the training log-probs)
     c.group.top_k = 0  # sample from the top-k chars only (0 = off)
@@ -90,6 +90,7 @@ def get_config(arg=None):
     c.group.guide_top_k = 10  # guided: top-k candidates when the guide is uncertain
     c.group.guide_top_k_confident = 5  # guided: top-k when the guide is confident
     c.group.guide_random = 15  # guided: random explorers added when uncertain
+    blocks.cheap_group_fields(c.group)
 
     c.reward = config_dict.ConfigDict()
     c.reward.terms = "match_partial:1.0"  # weighted sum "name:w,name:w" from grpo_jax/rewards
@@ -174,6 +175,10 @@ def get_config(arg=None):
         # tokens is 61M entries (~2 GB to count), over 4096 past reference.MAX_TABLE_ENTRIES
         c.reference.ngram_order = 2
         c.eval.ngram_baselines = (1, 2)
+        # most BPE tokens start with a letter or a space: first-char classes would hold
+        # hundreds of tokens each; id blocks follow the merge (frequency) order instead
+        c.group.class_kind = "blocks"
+        c.logging.char_stats_every = 0  # a V-row heatmap: 51 s to draw at V = 4096, unreadable
     if mode == "sampled":
         c.group.size = 4
     elif mode == "adaptive":

@@ -17,7 +17,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from grpo_jax import bpe, engine, pretrain, reference, rewards, sharding
+from grpo_jax import bpe, candidates, engine, pretrain, reference, rewards, sharding
 from grpo_jax import data as data_lib
 from grpo_jax import evaluate as eval_lib
 from grpo_jax import task as task_lib
@@ -201,8 +201,12 @@ def build(config, mode: str = "train") -> Task:
     vocab = corpus.vocab
     subword = isinstance(vocab, bpe.BpeTokenizer)
     token_chars = eval_lib.TokenChars(vocab.first_char, vocab.num_chars) if subword else None
+    classes = None
     if espec is not None:
-        espec.group.check_vocab(vocab.size)
+        espec.group.check_vocab(vocab.size, config.data.horizon)
+        classes = candidates.task_classes(
+            espec.group, [vocab.decode([i]) for i in range(vocab.size)]
+        )
     model = make_model(mspec, vocab.size, max_len)
     c, h = config.data.context_len, config.data.horizon
     evaluate = make_evaluate(config, model, corpus, token_chars)
@@ -243,14 +247,15 @@ def build(config, mode: str = "train") -> Task:
             shard_batch=hooks.shard_batch,
             reward_discount=float(config.reward.get("discount", 1.0)),
             per_token_advantages=bool(config.reward.per_token),
+            token_classes=classes,
+            completion_fields=("target",),
         )
         return step, StepInputs(train_tokens, ref_state)
 
     if pretraining:
         tokens = config.pretrain.batch_size * pretrain.seq_len(config, max_len)
     else:
-        members = engine.groups.members_per_prompt(espec.group, vocab.size, b)
-        tokens = b * h * members
+        tokens = b * engine.groups.generated_per_prompt(espec.group, vocab.size, b, h, classes)
     return Task(
         init_params=lambda key: init_params(model, key),
         make_state=lambda params: init_state(params, tx, config.seed),
