@@ -32,6 +32,49 @@ On one GPU/TPU (``full`` size: 6x384 model, B=32, 2000 steps, 1024 eval windows)
 
   python experiments/exhaustive_vs_sampled.py --config=configs/shakespeare.py:full --seeds=3
 
+Equal compute (``--budget``, experiments/equal_compute.py): every mode gets the same training
+wall time (``wall:<seconds>``, its vmapped set of seeds together; compilation and evaluations
+excluded) or the same generated tokens per seed (``tokens:<n>``) instead of the same steps,
+seeds vmapped, evaluated at ``--eval_points`` fractions of the budget. Writes <name>.md (the
+budget spent and the final metrics: mean ± std, SE, the difference to the sampled mode in
+SEs of the difference), <name>.json and <name>_<metric>_{seconds,tokens}.png (mean ± std
+over seeds against training seconds and generated tokens). ``--metrics`` defaults to the
+task's (equal_compute.DEFAULT_METRICS). A config with a supervised warm-up (arithmetic) runs
+it once under --workdir_root for every mode and seed, unless ``--config.init_from`` is
+given. The real runs, 2-core CPU sizes (tokens:1820000 = the 100 exhaustive steps of
+exhaustive_vs_sampled.md; a wall budget costs each mode two compilations on top, one to time
+the steps its lr schedule spans):
+
+  export GRPO_JAX_DATA=/work/shared/data/tinyshakespeare.txt
+  CHAR="--config.model.num_layers=2 --config.model.d_model=64 --config.model.num_heads=2 \
+      --config.train.batch_size=4 --config.eval.num_windows=128"
+  # char Shakespeare at the plain config's β (1.0), then at β = 0
+  python experiments/exhaustive_vs_sampled.py --config=configs/shakespeare.py --seeds=3 \
+      --modes=sampled,exhaustive,guided $CHAR --budget=wall:600 --name=equal_compute_wall
+  python experiments/exhaustive_vs_sampled.py --config=configs/shakespeare.py --seeds=3 \
+      --modes=sampled,exhaustive,guided $CHAR --budget=tokens:1820000 --name=equal_compute_tokens
+  python experiments/exhaustive_vs_sampled.py --config=configs/shakespeare.py --seeds=3 \
+      --modes=sampled,exhaustive,guided $CHAR --config.grpo.beta=0 --budget=wall:600 \
+      --name=equal_compute_beta0_wall
+  python experiments/exhaustive_vs_sampled.py --config=configs/shakespeare.py --seeds=3 \
+      --modes=sampled,exhaustive,guided $CHAR --config.grpo.beta=0 --budget=tokens:1820000 \
+      --name=equal_compute_beta0_tokens
+  # BPE Shakespeare, V = 1024 (exhaustive: 286,720 tokens a step; 5,734,400 = 20 such steps)
+  python experiments/exhaustive_vs_sampled.py --config=configs/shakespeare.py:bpe1024 --seeds=3 \
+      --modes=sampled,exhaustive,guided $CHAR --budget=wall:600 --name=equal_compute_bpe1024_wall
+  python experiments/exhaustive_vs_sampled.py --config=configs/shakespeare.py:bpe1024 --seeds=3 \
+      --modes=sampled,exhaustive,guided $CHAR --budget=tokens:5734400 \
+      --name=equal_compute_bpe1024_tokens
+  # arithmetic (:jax = jittable rewards, one program); one warm-up (seed 0) is every run's
+  # start, where experiments/arithmetic.py warms up each seed; 4096 tokens a step either mode
+  grpo-jax --config=arithmetic:jax --mode=pretrain --workdir=/tmp/arith_warm
+  python experiments/exhaustive_vs_sampled.py --config=configs/arithmetic.py:jax --seeds=3 \
+      --modes=sampled,exhaustive --config.init_from=/tmp/arith_warm --budget=wall:300 \
+      --name=equal_compute_arithmetic_wall
+  python experiments/exhaustive_vs_sampled.py --config=configs/arithmetic.py:jax --seeds=3 \
+      --modes=sampled,exhaustive --config.init_from=/tmp/arith_warm --budget=tokens:4096000 \
+      --name=equal_compute_arithmetic_tokens
+
 ``--report_only`` re-renders the markdown and PNGs from the JSON without running anything;
 ``--note="..."`` adds an Observations section, stored in the JSON so that a later
 ``--report_only`` without ``--note`` keeps it.
@@ -52,10 +95,17 @@ import sys
 import time
 from pathlib import Path
 
+import equal_compute
 import jax
 import jax.numpy as jnp
 from absl import app, flags, logging
-from comparison_report import EVAL_METRICS, summarize, write_markdown, write_plots
+from comparison_report import (
+    EVAL_METRICS,
+    render_budget,
+    summarize,
+    write_markdown,
+    write_plots,
+)
 from ml_collections import config_dict, config_flags
 
 from grpo_jax import config_blocks, sharding, trainer
@@ -85,6 +135,18 @@ flags.DEFINE_string("note", "", "Text for an 'Observations' section of the markd
 flags.DEFINE_bool("fresh", True, "Delete an existing run workdir first (else the trainer resumes).")
 flags.DEFINE_bool(
     "vmap_seeds", False, "Train a mode's seeds as one vmapped program (fits on one accelerator)."
+)
+flags.DEFINE_string(
+    "budget",
+    "",
+    "Equal compute instead of equal steps: wall:<seconds> (training time per mode) or "
+    "tokens:<n> (generated tokens per seed); seeds are vmapped (equal_compute.py).",
+)
+flags.DEFINE_integer(
+    "eval_points", 10, "--budget: evaluations at fractions 1/n, ..., 1 of it.", lower_bound=1
+)
+flags.DEFINE_list(
+    "metrics", [], "--budget: eval metrics to report (default: the task's, equal_compute.py)."
 )
 
 
@@ -142,18 +204,11 @@ def run_vmapped(config, seeds, task):
     Returns, per seed, (params, last metrics, metrics rows like metrics.jsonl's) and the wall
     time of the whole set. ``config`` is the first seed's; each seed gets its own rng and its
     own init (or all load ``init_from``), exactly as separate runs would."""
-    if config.reference.kind == "policy" and not config.init_from:
-        raise app.UsageError(
-            "--vmap_seeds with reference.kind=policy needs --config.init_from: the frozen "
-            "reference is one params set shared by the seeds, not each seed's own init"
-        )
     t0 = time.perf_counter()
-    params0 = trainer.initial_params(config, task)
-    step, inputs = task.build(params0)
-    if step.host is not None:
-        raise app.UsageError("--vmap_seeds needs a step of jittable rewards only (one program)")
-    per_seed_init = None if config.init_from else task.init_params
-    states = sharding.seed_states(task.make_state, params0, seeds, init_params=per_seed_init)
+    try:
+        step, inputs, states = equal_compute.vmapped_setup(config, seeds, task)
+    except ValueError as e:
+        raise app.UsageError(f"--vmap_seeds: {e}") from e
     multi = jax.jit(sharding.make_multi_seed_step(step.fused), donate_argnums=0)
     tc, n = config.train, len(seeds)
     rows = [[] for _ in seeds]
@@ -188,102 +243,112 @@ def curve(rows, key, init_value):
     return [p[0] for p in pts], [float(p[1]) for p in pts]
 
 
+def device_text() -> str:
+    dev = jax.devices()[0]
+    return f"{dev.device_kind} ({dev.platform}, {jax.device_count()} device(s))"
+
+
 def main(argv):
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {argv[1:]}")
     logging.set_verbosity(logging.WARNING)
-    out_dir, root = Path(FLAGS.out_dir), Path(FLAGS.workdir_root)
+    out_dir = Path(FLAGS.out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
+    seeds = [int(FLAGS.config.seed) + i for i in range(FLAGS.seeds)]
     if FLAGS.report_only:
-        raw = json.loads((out_dir / f"{FLAGS.name}.json").read_text())
-        configs = {m: config_dict.ConfigDict(c) for m, c in raw["configs"].items()}
-        if FLAGS.note:  # a new note replaces the stored one; without one the stored note stays
-            raw["note"] = FLAGS.note
-            (out_dir / f"{FLAGS.name}.json").write_text(json.dumps(raw, indent=1, default=str))
-        pngs = write_plots(raw["runs"], out_dir, raw["device"], FLAGS.name)
-        md = write_markdown(raw, configs, pngs, raw.get("note", ""))
-        (out_dir / f"{FLAGS.name}.md").write_text(md)
-        print(md)
-        return
-    dev = jax.devices()[0]
-    device = f"{dev.device_kind} ({dev.platform}, {jax.device_count()} device(s))"
-    seed0 = int(FLAGS.config.seed)
-    seeds = [seed0 + i for i in range(FLAGS.seeds)]
-    runs = {}  # mode -> list of per-seed dicts
+        md = report_only(out_dir)
+    elif FLAGS.budget:
+        md = run_budget(out_dir, seeds)
+    else:
+        md = run_steps(out_dir, seeds)
+    print(md)
+
+
+def report_only(out_dir: Path) -> str:
+    """Re-renders <name>.md and the PNGs from <name>.json (either kind of run)."""
+    path = out_dir / f"{FLAGS.name}.json"
+    raw = json.loads(path.read_text())
+    if FLAGS.note:  # a new note replaces the stored one; without one the stored note stays
+        raw["note"] = FLAGS.note
+        path.write_text(json.dumps(raw, indent=1, default=str))
+    if "budget" in raw:
+        return render_budget(raw, out_dir, FLAGS.name)
+    configs = {m: config_dict.ConfigDict(c) for m, c in raw["configs"].items()}
+    pngs = write_plots(raw["runs"], out_dir, raw["device"], FLAGS.name)
+    md = write_markdown(raw, configs, pngs, raw.get("note", ""))
+    (out_dir / f"{FLAGS.name}.md").write_text(md)
+    return md
+
+
+def run_config(mode: str, seed: int):
+    """A mode's config for one seed, as this script runs it (no progress bar, no TensorBoard)."""
+    config = load_config(FLAGS["config"], mode)
+    config.seed = seed
+    if FLAGS.steps:
+        config.train.num_steps = FLAGS.steps
+    config.logging.progress = False
+    config.logging.tensorboard = False
+    return config
+
+
+def run_budget(out_dir: Path, seeds) -> str:
+    """--budget: every mode trained to the same wall time or generated tokens (seeds vmapped)."""
+    try:
+        budget = equal_compute.parse_budget(FLAGS.budget)
+    except ValueError as e:
+        raise app.UsageError(str(e)) from e
+    if FLAGS.steps:
+        raise app.UsageError("--budget replaces --steps: give one of them")
+    configs = {mode: run_config(mode, seeds[0]) for mode in FLAGS.modes}
+    init_from = equal_compute.warm_start(
+        next(iter(configs.values())), Path(FLAGS.workdir_root), FLAGS.fresh
+    )
+    for config in configs.values():
+        config.init_from = init_from  # every mode starts from the same checkpoint
+    try:
+        results = equal_compute.run_comparison(
+            configs, seeds, budget, FLAGS.eval_points, FLAGS.metrics
+        )
+    except ValueError as e:  # a setting the vmapped program cannot run: one line
+        raise app.UsageError(str(e)) from e
+    meta = {"device": device_text(), "command": command_line(), "note": FLAGS.note}
+    meta["overrides"] = dict(config_flags.get_override_values(FLAGS["config"]))
+    raw = equal_compute.comparison_record(results, seeds, budget, FLAGS.eval_points, meta)
+    text = json.dumps(raw, indent=1, default=str)
+    (out_dir / f"{FLAGS.name}.json").write_text(text)
+    return render_budget(json.loads(text), out_dir, FLAGS.name)
+
+
+def run_steps(out_dir: Path, seeds) -> str:
+    """The step-count comparison: every mode takes the same number of optimizer steps."""
+    runs, configs = {}, {}  # mode -> list of per-seed dicts; mode -> the first seed's config
     init_evals, eval_task = {}, None
-    configs = {}
     for mode in FLAGS.modes:
-        cfgs = []
-        for seed in seeds:
-            config = load_config(FLAGS["config"], mode)
-            config.seed = seed
-            if FLAGS.steps:
-                config.train.num_steps = FLAGS.steps
-            config.logging.progress = False
-            config.logging.tensorboard = False
-            cfgs.append(config)
+        cfgs = [run_config(mode, seed) for seed in seeds]
+        for config in cfgs:
             # the initial policy's held-out figures (the same for every mode at a seed);
             # one task's compiled eval serves every seed
-            if seed not in init_evals:
+            if config.seed not in init_evals:
                 eval_task = eval_task or build_task(config, "train")
-                init_evals[seed] = eval_task.evaluate(trainer.initial_params(config, eval_task))[0]
+                init = trainer.initial_params(config, eval_task)
+                init_evals[config.seed] = eval_task.evaluate(init)[0]
         configs[mode] = cfgs[0]
-        per_seed = []  # (params, last metrics, rows, wall time, workdir) per seed
-        if FLAGS.vmap_seeds:
-            print(f"[{mode} seeds {seeds}] {cfgs[0].train.num_steps} steps, vmapped", flush=True)
-            task = build_task(cfgs[0], "train")
-            params, lasts, rowss, wall = run_vmapped(cfgs[0], seeds, task)
-            wall /= len(seeds)  # the set's wall time, shared out
-            for p, last, rows in zip(params, lasts, rowss, strict=True):
-                per_seed.append((p, last, rows, wall, None))
-        else:
-            for config in cfgs:
-                workdir = root / mode / f"seed_{config.seed}"
-                print(f"[{mode} seed {config.seed}] -> {workdir}", flush=True)
-                state, last, rows, wall = run_one(config, workdir)
-                per_seed.append((state.params, last, rows, wall, workdir))
-        for config, (p, last, rows, wall, workdir) in zip(cfgs, per_seed, strict=True):
-            seed, init_scalars = config.seed, init_evals[config.seed]
-            # the first logged interval includes the step's compilation: left out
-            step_times = [r["step_time_s"] for r in rows if "step_time_s" in r]
-            step_times = step_times[1:] or step_times
-            best_id = int(last["eval/best_char_id"])
-            rec = {
-                "seed": seed,
-                "workdir": str(workdir) if workdir else None,
-                "wall_s": wall,
-                "median_step_time_s": statistics.median(step_times) if step_times else None,
-                "steps": int(config.train.num_steps),
-                "best_char": eval_task.vocab.decode([best_id]),
-                "best_char_frac": last.get("eval/best_char_frac"),
-                "train_entropy": last.get("entropy"),
-                "entropy_decision": last.get("entropy_decision"),
-                "heldout_first_char_entropy": held_out_entropy(config, p, eval_task.vocab.size),
-                "final": {k: v for k, v in last.items() if k.startswith("eval/")},
-                # step metrics under the trainer's (TRL's) names; records written before the
-                # engine refactor say reward_mean for reward (nothing in the report reads these)
-                "train_final": {
-                    k: last[k] for k in ("reward", "reward_spread", "kl", "loss") if k in last
-                },
-                "init": init_scalars,
-                "curves": {k: curve(rows, k, init_scalars[k]) for k in EVAL_METRICS},
-                "train_curves": {
-                    k: [(int(r["step"]), float(r[k])) for r in rows if k in r]
-                    for k in ("reward", "entropy")
-                },
-            }
+        per_seed = train_mode(mode, cfgs, seeds)
+        for config, result in zip(cfgs, per_seed, strict=True):
+            rec = step_record(config, result, init_evals[config.seed], eval_task)
             runs.setdefault(mode, []).append(rec)
             print(
-                f"  seed {seed}: wall {wall:.1f}s  "
+                f"  seed {rec['seed']}: wall {rec['wall_s']:.1f}s  "
                 f"rollout_acc {rec['final']['eval/rollout_accuracy']:.4f}  "
                 f"next_char_acc {rec['final']['eval/next_char_accuracy']:.4f}  "
                 f"best_char {rec['best_char']!r}",
                 flush=True,
             )
-            heat = workdir / "char_heatmap.png" if workdir else None
-            if mode in ("exhaustive", "adaptive") and seed == seeds[0] and heat and heat.exists():
-                shutil.copy(heat, out_dir / f"{FLAGS.name}_{mode}_char_heatmap.png")
-
+            heat = result[4] / "char_heatmap.png" if result[4] else None
+            if mode in ("exhaustive", "adaptive") and rec["seed"] == seeds[0] and heat:
+                if heat.exists():
+                    shutil.copy(heat, out_dir / f"{FLAGS.name}_{mode}_char_heatmap.png")
+    device = device_text()
     summary = summarize(runs)
     pngs = write_plots(runs, out_dir, device, FLAGS.name)
     raw = {
@@ -301,7 +366,56 @@ def main(argv):
     (out_dir / f"{FLAGS.name}.json").write_text(json.dumps(raw, indent=1, default=str))
     md = write_markdown(raw, configs, pngs, FLAGS.note)
     (out_dir / f"{FLAGS.name}.md").write_text(md)
-    print(md)
+    return md
+
+
+def train_mode(mode, cfgs, seeds):
+    """Per seed (params, last metrics, metrics rows, wall time, workdir or None)."""
+    if FLAGS.vmap_seeds:
+        print(f"[{mode} seeds {seeds}] {cfgs[0].train.num_steps} steps, vmapped", flush=True)
+        task = build_task(cfgs[0], "train")
+        params, lasts, rowss, wall = run_vmapped(cfgs[0], seeds, task)
+        wall /= len(seeds)  # the set's wall time, shared out
+        per_seed = zip(params, lasts, rowss, strict=True)
+        return [(p, last, rows, wall, None) for p, last, rows in per_seed]
+    per_seed = []
+    for config in cfgs:
+        workdir = Path(FLAGS.workdir_root) / mode / f"seed_{config.seed}"
+        print(f"[{mode} seed {config.seed}] -> {workdir}", flush=True)
+        state, last, rows, wall = run_one(config, workdir)
+        per_seed.append((state.params, last, rows, wall, workdir))
+    return per_seed
+
+
+def step_record(config, result, init_scalars, eval_task) -> dict:
+    """One run's record in the step-count JSON."""
+    p, last, rows, wall, workdir = result
+    # the first logged interval includes the step's compilation: left out
+    step_times = [r["step_time_s"] for r in rows if "step_time_s" in r]
+    step_times = step_times[1:] or step_times
+    best_id = int(last["eval/best_char_id"])
+    return {
+        "seed": config.seed,
+        "workdir": str(workdir) if workdir else None,
+        "wall_s": wall,
+        "median_step_time_s": statistics.median(step_times) if step_times else None,
+        "steps": int(config.train.num_steps),
+        "best_char": eval_task.vocab.decode([best_id]),
+        "best_char_frac": last.get("eval/best_char_frac"),
+        "train_entropy": last.get("entropy"),
+        "entropy_decision": last.get("entropy_decision"),
+        "heldout_first_char_entropy": held_out_entropy(config, p, eval_task.vocab.size),
+        "final": {k: v for k, v in last.items() if k.startswith("eval/")},
+        # step metrics under the trainer's (TRL's) names; records written before the
+        # engine refactor say reward_mean for reward (nothing in the report reads these)
+        "train_final": {k: last[k] for k in ("reward", "reward_spread", "kl", "loss") if k in last},
+        "init": init_scalars,
+        "curves": {k: curve(rows, k, init_scalars[k]) for k in EVAL_METRICS},
+        "train_curves": {
+            k: [(int(r["step"]), float(r[k])) for r in rows if k in r]
+            for k in ("reward", "entropy")
+        },
+    }
 
 
 def command_line():
