@@ -150,8 +150,11 @@ flags.DEFINE_list(
 )
 
 
-def load_config(flag, mode: str):
-    """The config file's ``<mode>[,size]`` variant with the command line's overrides applied."""
+def load_config(flag, entry: str):
+    """The config file's ``<mode>[,size]`` variant with the command line's overrides applied,
+    then the entry's own settings: ``--modes=sampled,pruned:group.value_horizon=8`` runs the
+    ``pruned`` variant with that field set (the entry is the mode's name in the report)."""
+    mode, *settings = entry.split(":")
     path, _, arg = flag.config_filename.partition(":")
     sizes = [t.strip() for t in arg.split(",") if t.strip()]
     if any(t in GROUP_MODES for t in sizes):
@@ -161,6 +164,8 @@ def load_config(flag, mode: str):
     if "group.mode" in overrides:
         raise app.UsageError("--config.group.mode is set by --modes, not overridden")
     config.update_from_flattened_dict(overrides)
+    for item in settings:
+        config_blocks.set_field(config, *item.split("=", 1))
     return config
 
 

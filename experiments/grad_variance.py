@@ -20,7 +20,6 @@ jitted lax.map calls over keys (one gradient after another, as in training), the
 compilation) untimed; a Python reward's host part is timed between its two jitted programs.
 """
 
-import ast
 import contextlib
 import hashlib
 import inspect
@@ -39,7 +38,7 @@ from absl import app, flags
 from jax.flatten_util import ravel_pytree
 from ml_collections import config_flags
 
-from grpo_jax import config_blocks, engine, groups, trainer
+from grpo_jax import config_blocks, engine, trainer
 from grpo_jax.tasks import build_task
 
 FLAGS = flags.FLAGS
@@ -76,17 +75,6 @@ s/grad: median over the timed calls; tokens/grad: the rollout's static B × memb
 brackets those that count: guided's masked slots and tokens after EOS do not)."""
 
 
-def set_field(config, key: str, text: str):
-    """config.<key> = literal(text), creating the field when the config file lacks it."""
-    *parents, leaf = key.split(".")
-    for p in parents:
-        config = config[p]
-    with contextlib.suppress(ValueError, SyntaxError):
-        text = ast.literal_eval(text)
-    with config.unlocked():
-        config[leaf] = text
-
-
 def load_mode_config(flag, entry: str, smoke: bool):
     """The file's ``<mode>[,sizes]`` variant (plain sizes and group.mode=mode when the file has
     no such variant), the command line's overrides, then the entry's own settings."""
@@ -106,7 +94,7 @@ def load_mode_config(flag, entry: str, smoke: bool):
     if "grpo.beta" not in overrides:
         config.grpo.beta = 0.0  # the comparison is about the pg term
     for item in settings:
-        set_field(config, *item.split("=", 1))
+        config_blocks.set_field(config, *item.split("=", 1))
     config.init_from = FLAGS.init_from or config.init_from
     return config
 
@@ -186,15 +174,16 @@ def collect(config, repeats: int, calls: int, key):
         times.append(time.perf_counter() - t0)
         out.append(jax.device_get(res))
     grads, tokens, returns = (np.concatenate([o[i] for o in out]) for i in range(3))
-    b, policy, spec = int(config.train.batch_size), kept["policy"], kept["spec"]
+    b, policy = int(config.train.batch_size), kept["policy"]
     leaves = [np.asarray(x) for x in jax.tree.leaves(kept["prompts"](None, inputs.data))]
     return grads.astype(np.float64), {
         "repeats": len(grads),
         "s_per_grad": statistics.median(times[1:]) / per_call,
         "first_call_s": times[0],
         "load_avg_1min": [load[0], os.getloadavg()[0]],
-        "members_per_prompt": (m := groups.members_per_prompt(spec.group, policy.vocab_size, b)),
-        "tokens_per_grad": int(round(b * m * policy.completion_length)),
+        # the task's own count: value horizons, classes and decision points included
+        "members_per_prompt": task.tokens_per_step / (b * policy.completion_length),
+        "tokens_per_grad": int(task.tokens_per_step),
         "counted_tokens": float(tokens.mean()),
         "mean_return": float(returns.mean()),
         "completion_length": policy.completion_length,

@@ -7,6 +7,8 @@ once so that the three tasks cannot drift apart. Each block takes the values tha
 task as arguments.
 """
 
+import ast
+import contextlib
 import importlib.util
 from pathlib import Path
 
@@ -56,6 +58,18 @@ def variant_tokens(arg, allowed, config_file):
             f"choose from {', '.join(allowed)} (comma-separated)"
         )
     return tokens
+
+
+def set_field(config, key: str, text: str):
+    """config.<key> = literal(text) (a string when it is not a Python literal), creating the
+    field when the config lacks it: the experiments' per-mode ``mode:key=value`` settings."""
+    *parents, leaf = key.split(".")
+    for p in parents:
+        config = config[p]
+    with contextlib.suppress(ValueError, SyntaxError):
+        text = ast.literal_eval(text)
+    with config.unlocked():
+        config[leaf] = text
 
 
 def pick_one(tokens, options, default, what):
