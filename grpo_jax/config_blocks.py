@@ -98,6 +98,9 @@ def cheap_group_fields(g, max_candidates=64, num_classes=32):
     g.value_horizon = 0  # forced members run this many tokens (0 = the full horizon)
     # forced groups per rollout, at its highest-entropy positions (> 1 needs value_horizon)
     g.decision_points = 1
+    # forced members' tokens after the first: position (each token's reward against the
+    # members' mean there) | return (the member's return advantage, weighted by π(first token))
+    g.continuation_credit = "position"
 
 
 def optim_block(learning_rate, warmup_steps=0, end_lr_fraction=0.1, grad_clip=1.0, b2=0.99):

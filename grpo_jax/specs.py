@@ -17,6 +17,7 @@ from grpo_jax.rollout import SamplingParams
 
 GROUP_MODES = ("sampled", "exhaustive", "guided", "adaptive", "pruned", "hierarchical")
 CLASS_KINDS = ("chars", "blocks")
+CONTINUATION_CREDITS = ("position", "return")
 ESTIMATORS = ("uniform", "expected")
 GUIDES = ("reference", "policy")
 
@@ -83,6 +84,7 @@ class GroupSpec:
     expand_classes: int  # hierarchical: classes whose every member is rolled out
     value_horizon: int  # forced members' horizon (0 = the task's full horizon)
     decision_points: int  # forced groups per rollout, at its highest-entropy positions
+    continuation_credit: str  # forced members' tokens after the first: position | return
     sampling: SamplingParams
 
     @classmethod
@@ -117,6 +119,11 @@ class GroupSpec:
             expand_classes=integer("group.expand_classes", g.get("expand_classes", 1), 1),
             value_horizon=integer("group.value_horizon", g.get("value_horizon", 0)),
             decision_points=integer("group.decision_points", g.get("decision_points", 1), 1),
+            continuation_credit=choice(
+                "group.continuation_credit",
+                g.get("continuation_credit", "position"),
+                CONTINUATION_CREDITS,
+            ),
             sampling=sampling,
         )
         require(

@@ -193,3 +193,22 @@ def test_decision_points_run_in_one_program():
     np.testing.assert_allclose(metrics["completions/mean_length"], 2.0)
     np.testing.assert_allclose(metrics["generated_tokens"], B * 3 * V * 2)
     assert 0.0 <= float(metrics["group/decision_position"]) <= 2.0
+
+
+def test_return_credit_weights_continuations_by_the_first_tokens_probability():
+    """continuation_credit=return, against numpy: member k's continuation advantage is
+    (R_k - Σπ̄R/Σπ̄)·K'·π̄_k/Σπ̄ (π̄ = π_old of its first token; a masked member gets 0)."""
+    logp0 = np.log(np.array([[0.5, 0.3, 0.15, 0.05]], np.float32))
+    returns = np.array([[1.0, 0.0, 2.0, 4.0]], np.float32)
+    ok = np.array([[True, True, True, False]])
+    part = groups.Part(
+        None, jnp.zeros((1, 4, 3), jnp.int32), jnp.ones((1, 4, 3)), jnp.ones((1, 4)),
+        jnp.asarray(np.repeat(logp0[..., None], 3, -1)), jnp.arange(4)[None], jnp.ones((1, 4)),
+        None, None, None, None, None, None,
+    )  # fmt: skip
+    got = groups.return_credit(part, jnp.asarray(returns), jnp.asarray(ok), "none", 1)
+    pi = np.exp(logp0) * ok
+    b = (pi * returns).sum() / pi.sum()
+    want = (returns - b) * 3 * pi / pi.sum() * ok
+    np.testing.assert_allclose(got, want, rtol=1e-6)
+    assert abs(float((got * ok).sum())) < 1e-6  # π-weighted advantages centre at 0 · K'
