@@ -80,7 +80,8 @@ def field_comments(config_file: str | Path) -> dict[str, str]:
                 out.setdefault(f"{path}.{field}", field_comment)
     for path, func in _block_calls(Path(config_file).read_text()):
         for field, field_comment in block_fields.get(func, {}).items():
-            out.setdefault(f"{path}.{field}", field_comment)
+            # a variant's bare re-assignment (no comment) keeps the block's comment
+            out[f"{path}.{field}"] = out.get(f"{path}.{field}") or field_comment
     return out
 
 

@@ -90,7 +90,11 @@ def get_config(arg=None):
     c.group.guide_top_k = 10  # guided: top-k candidates when the guide is uncertain
     c.group.guide_top_k_confident = 5  # guided: top-k when the guide is confident
     c.group.guide_random = 15  # guided: random explorers added when uncertain
-    blocks.cheap_group_fields(c.group)
+    # pruned groups cost max_candidates rollouts (static): 16 of the 65 chars. Char classes
+    # by kind (letters, spaces, punctuation, ...) put 52 letters in one class, so expanding it
+    # costs nearly V: id blocks of 8 chars instead (8 representatives + 9 members)
+    blocks.cheap_group_fields(c.group, max_candidates=16, num_classes=8)
+    c.group.class_kind = "blocks"
 
     c.reward = config_dict.ConfigDict()
     c.reward.terms = "match_partial:1.0"  # weighted sum "name:w,name:w" from grpo_jax/rewards
@@ -177,7 +181,8 @@ def get_config(arg=None):
         c.eval.ngram_baselines = (1, 2)
         # most BPE tokens start with a letter or a space: first-char classes would hold
         # hundreds of tokens each; id blocks follow the merge (frequency) order instead
-        c.group.class_kind = "blocks"
+        c.group.num_classes = 32  # 32 representatives + 32 members of the heaviest block
+        c.group.max_candidates = 64
         c.logging.char_stats_every = 0  # a V-row heatmap: 51 s to draw at V = 4096, unreadable
     if mode == "sampled":
         c.group.size = 4
