@@ -27,8 +27,7 @@ from absl import app, flags
 from measure import memory, time_train_step, timed
 from ml_collections import config_flags
 
-from grpo_jax import groups, sharding, trainer
-from grpo_jax.specs import GroupSpec
+from grpo_jax import sharding, trainer
 from grpo_jax.tasks import build_task
 
 FLAGS = flags.FLAGS
@@ -111,8 +110,8 @@ def main(argv):
     }
     res["mesh"] = sharding.describe(mesh) if mesh is not None else "none (plain jit)"
     if mesh is not None and jax.device_count() > 1:
-        spec = GroupSpec.from_config(config.group)
-        members = groups.members_per_prompt(spec, task.vocab.size, config.train.batch_size)
+        # the task's own count (hierarchical groups need its token classes): tokens / (B x H)
+        members = task.tokens_per_step / (config.train.batch_size * config.data.horizon)
         res["per_device"] = {
             "num_devices": mesh.size,
             **sharding.per_device_work(config, mesh, members),

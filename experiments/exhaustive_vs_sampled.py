@@ -116,7 +116,7 @@ from grpo_jax.model import make_model
 from grpo_jax.objective import entropy_from_logits
 from grpo_jax.policy import TokenPrompts, transformer_policy
 from grpo_jax.specs import GROUP_MODES
-from grpo_jax.tasks import build_task
+from grpo_jax.tasks import build_task, shakespeare
 
 FLAGS = flags.FLAGS
 config_flags.DEFINE_config_file(
@@ -186,7 +186,7 @@ def held_out_entropy(config, params, vocab_size: int):
     c, h = config.data.context_len, config.data.horizon
     max_len = config.model.max_len or c + h
     model = make_model(config.model, vocab_size, max_len)
-    corpus = data_lib.load_corpus(config.data)
+    corpus = shakespeare.load_corpus(config.data)  # chars or BPE, as the task's
     ctx, _ = data_lib.eval_windows(corpus.val, config.eval.num_windows, c, h)
     first_logits = _first_logits(model, h)(params, jnp.asarray(ctx))
     return float(entropy_from_logits(first_logits.astype(jnp.float32)).mean())

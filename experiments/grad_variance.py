@@ -20,9 +20,7 @@ jitted lax.map calls over keys (one gradient after another, as in training), the
 compilation) untimed; a Python reward's host part is timed between its two jitted programs.
 """
 
-import contextlib
 import hashlib
-import inspect
 import json
 import math
 import os
@@ -38,7 +36,7 @@ from absl import app, flags
 from jax.flatten_util import ravel_pytree
 from ml_collections import config_flags
 
-from grpo_jax import config_blocks, engine, trainer
+from grpo_jax import config_blocks, trainer
 from grpo_jax.tasks import build_task
 
 FLAGS = flags.FLAGS
@@ -99,47 +97,20 @@ def load_mode_config(flag, entry: str, smoke: bool):
     return config
 
 
-@contextlib.contextmanager
-def pinned_engine(data_key):
-    """While a task builds its step, its prompt sampler gets ``data_key`` whatever key the step
-    passes, and the loss the engine builds is kept. Why: Step.rollout draws prompts and group
-    from one step key, and Step.update keeps its loss inside; this varies the group on fixed
-    prompts and differentiates the engine's own loss without rebuilding either."""
-    real_step, real_loss = engine.make_grpo_step, engine.make_loss
-    kept = {}
-
-    def make_loss(*args, **kwargs):
-        kept["loss"] = real_loss(*args, **kwargs)
-        return kept["loss"]
-
-    def make_grpo_step(*args, **kwargs):
-        bound = inspect.signature(real_step).bind(*args, **kwargs)
-        sample = bound.arguments["sample_prompts"]
-        pinned = lambda key, data: sample(data_key, data)
-        bound.arguments["sample_prompts"] = pinned
-        kept.update(spec=bound.arguments["spec"], policy=bound.arguments["policy"], prompts=pinned)
-        return real_step(*bound.args, **bound.kwargs)
-
-    engine.make_grpo_step, engine.make_loss = make_grpo_step, make_loss
-    try:
-        yield kept
-    finally:
-        engine.make_grpo_step, engine.make_loss = real_step, real_loss
-
-
-def make_programs(step, loss_fn, forced):
-    """run(state, inputs, keys) -> per key (flat ∇θ loss, counted tokens, mean return)."""
+def make_programs(step, prompts):
+    """run(state, inputs, keys) -> per key (flat ∇θ of the engine's loss, counted tokens, mean
+    return): the groups vary with the key, the prompts stay fixed."""
 
     def grad_of(params, batch, host_out):
         parts, _ = step.score(batch, host_out)
         old = tuple(p.logp_old for p in parts)
-        grads = jax.grad(lambda p: loss_fn(p, parts, old, True, forced)[0])(params)
+        grads = jax.grad(lambda p: step.loss(p, parts, old, True, step.forced)[0])(params)
         tokens = sum(p.token_mask.sum() for p in parts)
         ret = sum(p.returns.sum() for p in parts) / sum(p.member_mask.sum() for p in parts)
         return ravel_pytree(grads)[0], tokens, ret
 
     def rollouts(state, inputs, keys):
-        return jax.lax.map(lambda k: step.rollout(state._replace(rng=k), inputs), keys)
+        return jax.lax.map(lambda k: step.groups(state, inputs, prompts, k), keys)
 
     def grads(params, batches, host_outs):
         return jax.lax.map(lambda bh: grad_of(params, *bh), (batches, host_outs))
@@ -161,10 +132,9 @@ def collect(config, repeats: int, calls: int, key):
     """R gradients of one config on the fixed batch, and the timing of the calls."""
     task = build_task(config, "train")
     params = trainer.initial_params(config, task)
-    with pinned_engine(jax.random.PRNGKey(FLAGS.data_seed)) as kept:
-        step, inputs = task.build(params)
-    loss_fn = getattr(step, "loss", None) or kept["loss"]  # a Step that exposes it wins
-    run = make_programs(step, loss_fn, kept["spec"].group.forced)
+    step, inputs = task.build(params)
+    prompts = step.prompts(jax.random.PRNGKey(FLAGS.data_seed), inputs.data)
+    run = make_programs(step, prompts)
     state, per_call, load = task.make_state(params), math.ceil(repeats / calls), os.getloadavg()
     keys = jax.random.split(key, per_call * calls)
     out, times = [], []
@@ -174,19 +144,22 @@ def collect(config, repeats: int, calls: int, key):
         times.append(time.perf_counter() - t0)
         out.append(jax.device_get(res))
     grads, tokens, returns = (np.concatenate([o[i] for o in out]) for i in range(3))
-    b, policy = int(config.train.batch_size), kept["policy"]
-    leaves = [np.asarray(x) for x in jax.tree.leaves(kept["prompts"](None, inputs.data))]
+    b = int(config.train.batch_size)
+    # T, the static completion length: the groups' shape, traced, not run
+    batch = jax.eval_shape(step.groups, state, inputs, prompts, keys[0])
+    length = batch.parts[0].tokens.shape[-1]
+    leaves = [np.asarray(x) for x in jax.tree.leaves(prompts)]
     return grads.astype(np.float64), {
         "repeats": len(grads),
         "s_per_grad": statistics.median(times[1:]) / per_call,
         "first_call_s": times[0],
         "load_avg_1min": [load[0], os.getloadavg()[0]],
         # the task's own count: value horizons, classes and decision points included
-        "members_per_prompt": task.tokens_per_step / (b * policy.completion_length),
+        "members_per_prompt": task.tokens_per_step / (b * length),
         "tokens_per_grad": int(task.tokens_per_step),
         "counted_tokens": float(tokens.mean()),
         "mean_return": float(returns.mean()),
-        "completion_length": policy.completion_length,
+        "completion_length": length,
         "prompts_sha256": hashlib.sha256(b"".join(x.tobytes() for x in leaves)).hexdigest()[:12],
         "num_params": int(grads.shape[1]),
     }

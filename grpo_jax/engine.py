@@ -71,13 +71,22 @@ class Batch(NamedTuple):
 
 class Step(NamedTuple):
     """The step's pure functions; ``host`` is None when every reward is jittable.
-    ``score(batch, host) -> (parts, term values)`` is the update's first stage (rewards,
-    returns, advantages), exposed for tests and diagnostics."""
+
+    Exposed for tests and diagnostics (experiments/grad_variance.py), the stages of
+    ``rollout`` and ``update``: ``prompts(key, data)`` the prompt batch a key draws;
+    ``groups(state, inputs, prompts, key) -> Batch`` the groups of given prompts;
+    ``score(batch, host) -> (parts, term values)`` rewards, returns and advantages;
+    ``loss(params, parts, old_logps, first_iter, forced)`` the loss the updates minimise, with
+    ``forced`` the parts' kinds (GroupSpec.forced)."""
 
     rollout: Callable
     update: Callable
     host: Callable | None
     score: Callable
+    prompts: Callable
+    groups: Callable
+    loss: Callable
+    forced: tuple
 
     def fused(self, state, inputs):
         return self.update(state, inputs, self.rollout(state, inputs), None)
@@ -121,16 +130,20 @@ def make_grpo_step(
     if host_terms and decode is None:
         raise ValueError("a Python reward term needs the task's decode function")
 
-    def rollout(state: TrainState, inputs: StepInputs) -> Batch:
-        key = jax.random.fold_in(state.rng, state.step)
-        k_data, k_roll = jax.random.split(key)
-        prompts = sample_prompts(k_data, inputs.data)
-        if shard_batch is not None:
-            prompts = shard_batch(prompts)
-        parts, info = collect(state.params, inputs.ref_state, prompts, k_roll)
+    def prompts_of(key, data):
+        prompts = sample_prompts(key, data)
+        return prompts if shard_batch is None else shard_batch(prompts)
+
+    def groups_of(state: TrainState, inputs: StepInputs, prompts, key) -> Batch:
+        parts, info = collect(state.params, inputs.ref_state, prompts, key)
         parts = jax.lax.stop_gradient(parts)
         dev = tuple(rewards.device_values(device_terms, inputs.reward_state, p) for p in parts)
         return Batch(parts, dev, info)
+
+    def rollout(state: TrainState, inputs: StepInputs) -> Batch:
+        key = jax.random.fold_in(state.rng, state.step)
+        k_data, k_roll = jax.random.split(key)
+        return groups_of(state, inputs, prompts_of(k_data, inputs.data), k_roll)
 
     def host(batch: Batch):
         """Python rewards of every part, on the host: per part (values, valid) arrays
@@ -200,4 +213,7 @@ def make_grpo_step(
         )
         return new, out
 
-    return Step(rollout, update, host if host_terms else None, score)
+    return Step(
+        rollout, update, host if host_terms else None, score, prompts_of, groups_of, loss_fn,
+        forced_flags,
+    )  # fmt: skip

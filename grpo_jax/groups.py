@@ -129,7 +129,7 @@ def generated_per_prompt(spec: GroupSpec, vocab_size, batch_size, horizon, class
     counts the groups' tokens only)."""
     if spec.mode == "sampled":
         return spec.size * horizon
-    forced_h = min(spec.value_horizon or horizon, horizon)
+    forced_h = spec.forced_horizon(horizon)
     members = members_per_prompt(spec, vocab_size, batch_size, classes)
     if spec.mode == "adaptive":
         forced = members - spec.size
@@ -207,7 +207,7 @@ def make_collect(
     ``completion_fields``: the prompt fields that branch_prompts shifts."""
     g, sp = spec, spec.sampling
     t, v = policy.completion_length, policy.vocab_size
-    h = min(g.value_horizon or t, t)  # forced members' horizon
+    h = g.forced_horizon(t)
     n_cont = g.continuations_per_action
     empty_actions = lambda b: (jnp.zeros((b, 0), jnp.int32), jnp.zeros((b, 0)))
     if g.mode == "hierarchical":

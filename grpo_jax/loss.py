@@ -73,7 +73,6 @@ def make_loss(spec: ObjectiveSpec, group: GroupSpec, policy: Policy, has_referen
     beta = gr.beta if has_reference else 0.0
     train_cont = group.train_continuations
     n_cont = group.continuations_per_action
-    value_h = group.value_horizon  # 0: forced members run the full horizon
     # the training forward's chunk is its own: its [B, c, T, V] logits outgrow the rollout's
     # [B*c, V] per decode step by a factor T, so a large V wants a smaller chunk here
     loss_chunk = group.loss_chunk or group.vocab_chunk
@@ -186,7 +185,7 @@ def make_loss(spec: ObjectiveSpec, group: GroupSpec, policy: Policy, has_referen
 
     def forced_loss(params, part: Part, old_logp, first_iter):
         b, k, full_t = part.tokens.shape
-        t = min(value_h or full_t, full_t)  # tokens past the value horizon are all masked
+        t = group.forced_horizon(full_t)  # tokens past it are all masked
         first_logits, state = policy.prefill(params, part.prompts)
         lp_first = tempered_logp(first_logits, sp)  # [B, V]
         logp = jnp.take_along_axis(lp_first, part.tokens[..., 0], axis=1)[..., None]

@@ -164,7 +164,7 @@ class GroupSpec:
                 self.value_horizon,
                 f"must be <= the completion length {horizon}",
             )
-            room = horizon - (self.value_horizon or horizon) + 1
+            room = horizon - self.forced_horizon(horizon) + 1
             require(
                 self.decision_points <= room,
                 "group.decision_points",
@@ -200,6 +200,10 @@ class GroupSpec:
                 self.guide_top_k,
                 f"must keep guide_top_k + guide_random = {n} <= the vocabulary size {vocab_size}",
             )
+
+    def forced_horizon(self, horizon: int) -> int:
+        """Tokens a forced member generates: group.value_horizon, or the whole horizon."""
+        return min(self.value_horizon or horizon, horizon)
 
     @property
     def forced(self) -> tuple[bool, ...]:

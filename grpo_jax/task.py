@@ -6,35 +6,8 @@ engine.Step for GRPO, a plain step function for supervised modes), feeds it ``in
 calls ``evaluate`` and the host ``hooks`` at its cadences; it never names a task.
 """
 
-import contextlib
-import contextvars
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any, NamedTuple
-
-# The workdir of the run whose task is being built. Ambient rather than an argument of
-# ``build(config, mode)`` so that every task plug-in (and every wrapper of build_task) keeps
-# that signature; only a task that keeps files in its workdir reads it.
-_BUILD_WORKDIR: contextvars.ContextVar[Path | None] = contextvars.ContextVar(
-    "grpo_jax_build_workdir", default=None
-)
-
-
-@contextlib.contextmanager
-def building_in(workdir):
-    """Tasks built inside this block see ``workdir`` (a str or Path; "" = none) as
-    ``build_workdir()``: the trainer builds a run's task in its workdir."""
-    path = Path(workdir).expanduser() if str(workdir or "").strip() else None
-    token = _BUILD_WORKDIR.set(path)
-    try:
-        yield
-    finally:
-        _BUILD_WORKDIR.reset(token)
-
-
-def build_workdir() -> Path | None:
-    """The workdir of the run being built (None outside ``building_in``: nothing to load)."""
-    return _BUILD_WORKDIR.get()
 
 
 class Hooks(NamedTuple):

@@ -18,7 +18,6 @@ from absl import logging
 
 from grpo_jax import checkpoint as ckpt_lib
 from grpo_jax import diagnostics, integrity, interrupts, run_config, sharding
-from grpo_jax import task as task_lib
 from grpo_jax.distributed import is_main_process
 from grpo_jax.metric_writers import MetricWriter, ProgressBar
 from grpo_jax.specs import TrainSpec
@@ -133,8 +132,7 @@ def train_and_evaluate(config, workdir: str, mode: str = "train"):
 def _build_in(config, workdir, mode):
     """The task, built in ``workdir`` (it may load what an earlier run kept there: a
     tokenizer); every setting is checked before the workdir is touched."""
-    with task_lib.building_in(workdir):
-        return build_task(config, mode)
+    return build_task(config, mode, workdir)
 
 
 def _train_and_evaluate(config, workdir: str, mode: str = "train"):

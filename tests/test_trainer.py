@@ -53,8 +53,8 @@ class Recorder:
         self.traces = 0
         real_build_task = trainer.build_task
 
-        def build_task(config, mode="train"):
-            task = real = real_build_task(config, mode)
+        def build_task(config, mode="train", workdir=None):
+            task = real = real_build_task(config, mode, workdir)
 
             def build(params, **kwargs):
                 step, inputs = real.build(params, **kwargs)

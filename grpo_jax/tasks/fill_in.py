@@ -113,7 +113,7 @@ def mask_token(config, vocab: data_lib.Vocab) -> int:
     return vocab.size
 
 
-def build(config, mode: str = "train") -> Task:
+def build(config, mode: str = "train", workdir=None) -> Task:  # keeps nothing in workdir
     kinds, espec = validate(config, mode)
     d, j = config.data, config.judge
     corpus = data_lib.load_corpus(config.data)

@@ -20,7 +20,6 @@ import numpy as np
 from grpo_jax import bpe, candidates, engine, pretrain, reference, rewards, sharding
 from grpo_jax import data as data_lib
 from grpo_jax import evaluate as eval_lib
-from grpo_jax import task as task_lib
 from grpo_jax.model import init_params, make_model
 from grpo_jax.policy import Reference, TokenPrompts, policy_reference, transformer_policy
 from grpo_jax.specs import (
@@ -113,11 +112,11 @@ def make_reference(kind, ref_cfg, corpus, policy, initial_params):
     return policy_reference(policy), jax.tree.map(jnp.copy, initial_params)
 
 
-def load_corpus(data_config) -> data_lib.Corpus:
-    """Char ids, or BPE ids with the tokenizer of the workdir being built in (a resume) or a
-    new one trained on the train split."""
+def load_corpus(data_config, workdir=None) -> data_lib.Corpus:
+    """Char ids, or BPE ids with the tokenizer kept in ``workdir`` (a resume) or a new one
+    trained on the train split."""
     if data_config.get("tokenizer", "char") == "bpe":
-        return bpe.load_corpus(data_config, task_lib.build_workdir())
+        return bpe.load_corpus(data_config, workdir)
     return data_lib.load_corpus(data_config)
 
 
@@ -192,12 +191,12 @@ def char_stats_hooks(every: int, labels) -> Hooks:
     return Hooks(on_step, on_end) if every else Hooks()
 
 
-def build(config, mode: str = "train") -> Task:
+def build(config, mode: str = "train", workdir=None) -> Task:
     max_len = validate(config, mode)
     pretraining = mode == "pretrain"
     espec = None if pretraining else EngineSpec.from_config(config)
     mspec = ModelSpec.from_config(config.model)
-    corpus = load_corpus(config.data)
+    corpus = load_corpus(config.data, workdir)
     vocab = corpus.vocab
     subword = isinstance(vocab, bpe.BpeTokenizer)
     token_chars = eval_lib.TokenChars(vocab.first_char, vocab.num_chars) if subword else None

@@ -175,7 +175,7 @@ def validate(config, mode: str) -> EngineSpec:
     return spec
 
 
-def build(config, mode: str = "train") -> Task:
+def build(config, mode: str = "train", workdir=None) -> Task:  # keeps nothing in workdir
     espec = validate(config, mode)
     t = config.toy
     world_seed = config.seed if t.world_seed < 0 else t.world_seed
