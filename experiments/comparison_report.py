@@ -19,7 +19,7 @@ import jax
 import numpy as np
 from ml_collections import config_dict
 
-from grpo_jax import groups, plots
+from grpo_jax import candidates, groups, plots
 from grpo_jax.specs import GroupSpec
 
 EVAL_METRICS = ("eval/rollout_accuracy", "eval/next_char_accuracy")
@@ -119,7 +119,12 @@ def versus_references(m, refs):
 def members_per_prompt(config, vocab_size: int) -> float:
     """Rollouts per prompt of a mode's config (a stored one too: the JSON's group block)."""
     spec = GroupSpec.from_config(config.group)
-    return groups.members_per_prompt(spec, vocab_size, config.train.batch_size)
+    classes = None
+    if spec.mode == "hierarchical":  # its size needs the classes; id blocks need no texts
+        if spec.class_kind != "blocks":
+            return float("nan")
+        classes = candidates.token_classes("blocks", [""] * vocab_size, spec.num_classes)
+    return groups.members_per_prompt(spec, vocab_size, config.train.batch_size, classes)
 
 
 def write_markdown(raw, configs, pngs, note=""):
