@@ -24,7 +24,7 @@ import statistics
 
 import jax
 from absl import app, flags
-from measure import memory, time_train_step, timed
+from measure import matmul_peak, memory, step_flops, time_train_step, timed
 from ml_collections import config_flags
 
 from grpo_jax import sharding, trainer
@@ -37,6 +37,7 @@ flags.DEFINE_integer("steps", 5, "Timed steps (median reported).", lower_bound=1
 flags.DEFINE_integer("breakdown_runs", 3, "Runs per breakdown part (median).", lower_bound=1)
 flags.DEFINE_string("out", "", "Also append the JSON line to this file.")
 flags.DEFINE_bool("mesh", True, "Step on config.mesh as the trainer does (--nomesh: plain jit).")
+flags.DEFINE_bool("roofline", True, "Count the step's FLOPs and time matmuls at its shapes.")
 
 
 def breakdown(step, state, inputs, runs):
@@ -55,6 +56,27 @@ def breakdown(step, state, inputs, runs):
         "update_s": statistics.median(t_update),
         "rollout_runs_s": t_rollout,
         "update_runs_s": t_update,
+    }
+
+
+def roofline(config, task, step, state, inputs, compiled, step_s):
+    """The step's matmul FLOPs (measure.step_flops), the GFLOP/s it achieves, and this
+    machine's matmul peak at the model's own shapes (measure.matmul_peak): the roofline."""
+    counts = step_flops(step.fused, state, inputs, compiled=compiled)
+    d, hidden = config.model.d_model, config.model.mlp_ratio * config.model.d_model
+    v = state.params["embed"]["embedding"].shape[0]  # the tied output head's V
+    rows = (task.tokens_per_step, max(1, task.tokens_per_step // config.data.horizon))
+    shapes = [
+        (r, k, n) for r in rows for k, n in ((d, 3 * d), (d, d), (d, hidden), (hidden, d), (d, v))
+    ]
+    per_shape, peak = matmul_peak(shapes, config.model.get("dtype", "float32"))
+    achieved = counts["matmul_flops"] / step_s / 1e9
+    return {
+        **counts,
+        "achieved_gflops": achieved,
+        "matmul_peak_gflops": peak,
+        "matmul_gflops_by_shape": per_shape,
+        "fraction_of_peak": achieved / peak,
     }
 
 
@@ -88,6 +110,9 @@ def main(argv):
     med = statistics.median(times)
     mem = memory(compiled)  # before the breakdown allocates anything else
     per_dev_peak = [(d.memory_stats() or {}).get("peak_bytes_in_use") for d in jax.devices()]
+    roof = None
+    if FLAGS.roofline and step.host is None and compiled is not None:
+        roof = roofline(config, task, step, state, inputs, compiled, med)
     bd = breakdown(step, state, inputs, FLAGS.breakdown_runs)
 
     dev = jax.devices()[0]
@@ -108,6 +133,8 @@ def main(argv):
         "loss": float(metrics["loss"]),
         "params_sharding": str(jax.tree.leaves(state.params)[0].sharding),
     }
+    if roof is not None:
+        res["roofline"] = roof
     res["mesh"] = sharding.describe(mesh) if mesh is not None else "none (plain jit)"
     if mesh is not None and jax.device_count() > 1:
         # the task's own count (hierarchical groups need its token classes): tokens / (B x H)
@@ -135,6 +162,12 @@ def main(argv):
         f"breakdown: rollout {bd['rollout_s']:.4f}s, update {bd['update_s']:.4f}s; "
         f"peak memory {res['peak_memory_bytes'] / 2**20:.1f} MiB ({res['peak_memory_source']})"
     )
+    if roof is not None:
+        print(
+            f"roofline: {roof['matmul_flops'] / 1e9:.2f} GFLOP matmul per step -> "
+            f"{roof['achieved_gflops']:.1f} GFLOP/s = {100 * roof['fraction_of_peak']:.0f}% of this "
+            f"machine's matmul peak at the model's shapes ({roof['matmul_peak_gflops']:.1f} GFLOP/s)"
+        )
     line = json.dumps(res)
     if FLAGS.out:
         with open(FLAGS.out, "a") as f:

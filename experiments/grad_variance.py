@@ -101,10 +101,11 @@ def make_programs(step, prompts):
     """run(state, inputs, keys) -> per key (flat ∇θ of the engine's loss, counted tokens, mean
     return): the groups vary with the key, the prompts stay fixed."""
 
-    def grad_of(params, batch, host_out):
+    def grad_of(params, ref_state, batch, host_out):
         parts, _ = step.score(batch, host_out)
         old = tuple(p.logp_old for p in parts)
-        grads = jax.grad(lambda p: step.loss(p, parts, old, True, step.forced)[0])(params)
+        loss = lambda p: step.loss(p, parts, old, True, step.forced, ref_state)[0]
+        grads = jax.grad(loss)(params)
         tokens = sum(p.token_mask.sum() for p in parts)
         ret = sum(p.returns.sum() for p in parts) / sum(p.member_mask.sum() for p in parts)
         return ravel_pytree(grads)[0], tokens, ret
@@ -112,18 +113,21 @@ def make_programs(step, prompts):
     def rollouts(state, inputs, keys):
         return jax.lax.map(lambda k: step.groups(state, inputs, prompts, k), keys)
 
-    def grads(params, batches, host_outs):
-        return jax.lax.map(lambda bh: grad_of(params, *bh), (batches, host_outs))
+    def grads(params, ref_state, batches, host_outs):
+        return jax.lax.map(lambda bh: grad_of(params, ref_state, *bh), (batches, host_outs))
 
     if step.host is None:
-        fused = lambda state, inputs, keys: grads(state.params, rollouts(state, inputs, keys), None)
+        fused = lambda state, inputs, keys: grads(
+            state.params, inputs.ref_state, rollouts(state, inputs, keys), None
+        )
         return jax.jit(fused)
     roll, grad = jax.jit(rollouts), jax.jit(grads)
 
     def split(state, inputs, keys):
         batches = roll(state, inputs, keys)
         host = [step.host(jax.tree.map(lambda x, i=i: x[i], batches)) for i in range(len(keys))]
-        return grad(state.params, batches, jax.tree.map(lambda *xs: np.stack(xs), *host))
+        host = jax.tree.map(lambda *xs: np.stack(xs), *host)
+        return grad(state.params, inputs.ref_state, batches, host)
 
     return split
 

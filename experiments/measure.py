@@ -1,9 +1,11 @@
 """Measurement helpers shared by experiments/benchmark.py and experiments/scaling.py."""
 
+import math
 import resource
 import time
 
 import jax
+import jax.numpy as jnp
 
 
 def timed(fn, *args, runs=1):
@@ -69,3 +71,72 @@ def memory(compiled):
         out["peak_memory_bytes"] = out["process_peak_rss_bytes"]
         out["peak_memory_source"] = "process peak RSS (ru_maxrss)"
     return out
+
+
+def _sub_jaxprs(eqn):
+    """(jaxpr, multiplier) of every sub-computation of one equation."""
+    name, p = eqn.primitive.name, eqn.params
+    if name == "cond":  # one branch runs: the most expensive one bounds it
+        return [(max(p["branches"], key=lambda b: matmul_flops_of(b.jaxpr)), 1)]
+    times = p["length"] if name == "scan" else 1
+    if name == "shard_map":  # the body sees one device's block; every device runs it
+        times = p["mesh"].size
+    out = []
+    for v in p.values():
+        for x in v if isinstance(v, (tuple, list)) else (v,):
+            inner = getattr(x, "jaxpr", x)
+            if hasattr(inner, "eqns"):
+                out.append((inner, times))
+    return out
+
+
+def matmul_flops_of(jaxpr) -> int:
+    """Matmul FLOPs (2·M·N·K per dot_general) a jaxpr executes, loops included: a scan's
+    body counts ``length`` times (a while loop's once: its trip count is not static)."""
+    total = 0
+    for eqn in jaxpr.eqns:
+        if eqn.primitive.name == "dot_general":
+            (lc, _), _ = eqn.params["dimension_numbers"]
+            lhs = eqn.invars[0].aval.shape
+            contracted = math.prod(lhs[d] for d in lc)
+            total += 2 * math.prod(eqn.outvars[0].aval.shape) * contracted
+        for sub, times in _sub_jaxprs(eqn):
+            total += times * matmul_flops_of(sub)
+    return total
+
+
+def step_flops(fn, *args, compiled=None):
+    """The FLOPs of one call of ``fn(*args)``.
+
+    ``matmul_flops``: every dot_general the traced program executes, each scan body counted
+    ``length`` times (the rollout's decode loop, the μ updates, the member chunks) and the
+    backward pass's recomputation included: the work the hardware does, the roofline's
+    numerator. ``xla_flops``: XLA's own cost analysis of the compiled executable (all ops, but a
+    loop body counted once, whatever its trip count: a lower bound for a step with loops)."""
+    out = {"matmul_flops": int(matmul_flops_of(jax.make_jaxpr(fn)(*args).jaxpr))}
+    if compiled is not None:
+        ca = compiled.cost_analysis()
+        ca = ca[0] if isinstance(ca, (list, tuple)) else ca
+        if ca and "flops" in ca:
+            out["xla_flops"] = int(ca["flops"])
+    return out
+
+
+def matmul_peak(shapes, dtype="float32", repeats=50, runs=5):
+    """This device's achieved matmul GFLOP/s at each (M, K, N) in ``shapes``: ``repeats``
+    matmuls in one jitted scan (each input shifted by the step index, so XLA cannot hoist them),
+    best of ``runs``. Returns ({"MxKxN": GFLOP/s}, the best of them)."""
+    rates = {}
+    for m, k, n in shapes:
+        x = jnp.ones((m, k), dtype)
+        w = jnp.full((k, n), 0.01, dtype)
+
+        def body(acc, i, x=x, w=w):
+            return acc + (x + i.astype(x.dtype)) @ w, None
+
+        loop = jax.jit(lambda acc, x=x: jax.lax.scan(body, acc, jnp.arange(repeats))[0])
+        acc = jnp.zeros((m, n), dtype)
+        timed(loop, acc)
+        _, times = timed(loop, acc, runs=runs)
+        rates[f"{m}x{k}x{n}"] = 2 * m * k * n * repeats / min(times) / 1e9
+    return rates, max(rates.values())

@@ -29,7 +29,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from grpo_jax import groups, metrics, rewards
+from grpo_jax import groups, metrics, objective, rewards
 from grpo_jax.loss import make_loss
 from grpo_jax.specs import EngineSpec
 from grpo_jax.train_state import StepInputs, TrainState, keep_if_finite
@@ -76,8 +76,8 @@ class Step(NamedTuple):
     ``rollout`` and ``update``: ``prompts(key, data)`` the prompt batch a key draws;
     ``groups(state, inputs, prompts, key) -> Batch`` the groups of given prompts;
     ``score(batch, host) -> (parts, term values)`` rewards, returns and advantages;
-    ``loss(params, parts, old_logps, first_iter, forced)`` the loss the updates minimise, with
-    ``forced`` the parts' kinds (GroupSpec.forced)."""
+    ``loss(params, parts, old_logps, first_iter, forced, ref_state)`` the loss the updates
+    minimise, with ``forced`` the parts' kinds (GroupSpec.forced)."""
 
     rollout: Callable
     update: Callable
@@ -121,11 +121,16 @@ def make_grpo_step(
     g, obj = spec.group, spec.objective
     forced_flags = g.forced
     mu = obj.num_iterations
-    collect = groups.make_collect(
-        g, policy, reference, member_map, token_classes, completion_fields
-    )
-    loss_fn = make_loss(obj, g, policy, reference is not None)
     device_terms = tuple(t for t in reward_terms if not t.host)
+    # what the parts carry of π_ref: each token's log-prob for a sampled-token KL estimator
+    # (the exact ones run the reference inside the loss), the whole distribution only for a
+    # reward term that reads it
+    needs = set() if obj.kl_estimator in objective.EXACT_KL else {"token"}
+    needs |= {"dist"} if any(t.reads_reference for t in device_terms) else set()
+    collect = groups.make_collect(
+        g, policy, reference, member_map, token_classes, completion_fields, frozenset(needs)
+    )
+    loss_fn = make_loss(obj, g, policy, reference)
     host_terms = tuple(t for t in reward_terms if t.host)
     if host_terms and decode is None:
         raise ValueError("a Python reward term needs the task's decode function")
@@ -185,7 +190,9 @@ def make_grpo_step(
 
         def one_update(carry, i):
             params, opt_state, old = carry
-            (_, (m, logps)), grads = grad_fn(params, parts, old, i == 0, forced_flags)
+            (_, (m, logps)), grads = grad_fn(
+                params, parts, old, i == 0, forced_flags, inputs.ref_state
+            )
             updates, opt_state = tx.update(grads, opt_state, params)
             m["grad_norm"] = optax.tree.norm(grads)
             # π_old stays the sampling policy's: iteration 0's log-probs, never replaced

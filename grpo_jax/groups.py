@@ -64,7 +64,9 @@ class Part(NamedTuple):
     logp_old: jax.Array  # [B, K, T] sampler log-probs (π_old)
     actions: jax.Array  # [B, A] forced parts: the forced first actions ([B, 0] otherwise)
     action_mask: jax.Array  # [B, A] forced parts: which actions count
-    ref_logp: jax.Array  # [B, K, T, V] reference log-probs (or [B, K, T, 0] when unused)
+    # [B, K, T, V] reference log-probs, only for a reward term that reads the reference's
+    # distribution (RewardTerm.reads_reference); [B, K, T, 0] otherwise: the loss never needs it
+    ref_logp: jax.Array
     # filled by score() once the rewards are known
     rewards: jax.Array  # [B, K, T] per-token rewards (0 outside the completion)
     returns: jax.Array  # [B, K] per-member return
@@ -74,6 +76,10 @@ class Part(NamedTuple):
     # hierarchical parts: [B, A] importance weight π_old(c)/π_old(a_c) of each class
     # representative, 0 for expanded members (candidates.hierarchical_values); None otherwise
     action_weights: Any = None
+    # log π_ref of each token [B, K, T] (sampled-token KL estimators k1/k2/k3), None otherwise
+    ref_token_logp: Any = None
+    # log π_ref at the decision point [B, V] (a forced part's exact KL there), None otherwise
+    ref_first: Any = None
 
     @property
     def token_mask(self):
@@ -191,6 +197,29 @@ def decision_positions(entropy, k: int, horizon: int):
     return jnp.sort(pos, axis=1)
 
 
+def make_reference_terms(reference: Reference | None, needs: frozenset, chunk: int):
+    """Returns ref_terms(ref_state, prompts, tokens [B, K, h]) -> dict of what the step reads
+    of π_ref (``needs`` ⊆ {"token", "dist"}): "token" log π_ref of each token [B, K, h],
+    "dist" the whole [B, K, h, V] (only a reward term that reads it asks for it).
+
+    The reference runs ``chunk`` members at a time and each chunk keeps only what is needed,
+    so its [B, K, h, V] log-probs never exist at once unless "dist" is asked for: an
+    exhaustive group's reference costs a chunk's memory at any V."""
+    if reference is None or not needs:
+        return lambda ref_state, prompts, tokens: {}
+
+    def one_chunk(ref_state, prompts, tokens):
+        lp = jax.lax.stop_gradient(reference.logprobs(ref_state, prompts, tokens))
+        out = {"dist": lp} if "dist" in needs else {}
+        if "token" in needs:
+            out["token"] = ro.token_logp(lp, tokens)
+        return out
+
+    return lambda ref_state, prompts, tokens: ro.chunked(
+        lambda tok: one_chunk(ref_state, prompts, tok), chunk, tokens
+    )
+
+
 def make_collect(
     spec: GroupSpec,
     policy: Policy,
@@ -198,15 +227,19 @@ def make_collect(
     member_map=None,
     classes=None,
     completion_fields=(),
+    reference_needs=frozenset({"token"}),
 ):
     """Returns collect(params, ref_state, prompts, key) -> (parts, info) (pure).
 
     ``member_map(fn, first_tokens, u)`` optionally wraps the per-member rollout (sharding.py
     uses it to shard_map the member axis over the mesh's member axis); ``classes`` [V] are
     the token classes of group.mode=hierarchical (candidates.token_classes);
-    ``completion_fields``: the prompt fields that branch_prompts shifts."""
+    ``completion_fields``: the prompt fields that branch_prompts shifts;
+    ``reference_needs``: what the parts carry of π_ref (make_reference_terms; the decision
+    point's [B, V] always, when there is a reference)."""
     g, sp = spec, spec.sampling
     t, v = policy.completion_length, policy.vocab_size
+    ref_terms = make_reference_terms(reference, reference_needs, g.loss_chunk or g.vocab_chunk)
     h = g.forced_horizon(t)
     n_cont = g.continuations_per_action
     empty_actions = lambda b: (jnp.zeros((b, 0), jnp.int32), jnp.zeros((b, 0)))
@@ -222,15 +255,15 @@ def make_collect(
         return out[0], out[1], out[3]
 
     def part(ref_state, prompts, tokens, logp, mask, member_mask, actions, action_mask, w=None):
-        if reference is not None:
-            ref_lp = pad_time(reference.logprobs(ref_state, prompts, tokens), t)
-        else:
-            ref_lp = jnp.zeros(tokens.shape[:2] + (t, 0), jnp.float32)
+        ref = {k: pad_time(x, t) for k, x in ref_terms(ref_state, prompts, tokens).items()}
+        ref_dist = ref.get("dist", jnp.zeros(tokens.shape[:2] + (t, 0), jnp.float32))
+        first = None if reference is None else reference.first_logprobs(ref_state, prompts)
         tokens, logp, mask = pad_time(tokens, t), pad_time(logp, t), pad_time(mask, t)
         zeros = jnp.zeros(tokens.shape, jnp.float32)
         return Part(
-            prompts, tokens, mask, member_mask, logp, actions, action_mask, ref_lp,
+            prompts, tokens, mask, member_mask, logp, actions, action_mask, ref_dist,
             zeros, zeros[..., 0], zeros, jnp.zeros(actions.shape, jnp.float32), member_mask, w,
+            ref.get("token"), None if first is None else jax.lax.stop_gradient(first),
         )  # fmt: skip
 
     def sampled_part(params, ref_state, prompts, first_logits, state, key, prompt_mask):

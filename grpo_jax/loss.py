@@ -18,7 +18,11 @@ The decision point's KL and entropy are exact over V.
 
 KL: ``grpo.kl_estimator`` = ``exact`` (reverse KL(π‖π_ref) summed over V), ``exact_forward``
 (forward KL(π_ref‖π) over V: the reference's distribution as a soft target at every scored
-position) or a sampled-token estimator k1/k2/k3 of the reverse KL.
+position) or a sampled-token estimator k1/k2/k3 of the reverse KL. The sampled-token
+estimators read log π_ref(o_t), which the rollout computed member chunk by member chunk
+(groups.make_reference_terms); the exact ones run the reference's forward inside the loss, on
+the same member chunks as the policy's training forward, so the reference's [B, K, T, V]
+log-probs are never materialised at any V (at the cost of one reference forward per update).
 
 Memory: a forced part's continuation tokens run their training forward ``group.loss_chunk``
 members at a time (default: the rollout's ``group.vocab_chunk``), each chunk rematerialised in
@@ -35,17 +39,11 @@ import jax.numpy as jnp
 
 from grpo_jax import candidates, objective
 from grpo_jax.groups import Part
-from grpo_jax.policy import Policy, token_logits
-from grpo_jax.rollout import chunked, tempered_logp
+from grpo_jax.policy import Policy, Reference, token_logits
+from grpo_jax.rollout import chunked, tempered_logp, token_logp
 from grpo_jax.specs import GroupSpec, ObjectiveSpec
 
 entropy = objective.entropy_from_logits
-
-
-def token_logp(lp_all, tokens):
-    """log π(token) from log-probs [..., V] and tokens [...]. A one-hot product instead of a
-    gather: its gradient is dense instead of a scatter-add, which is slow on CPU."""
-    return jnp.sum(lp_all * jax.nn.one_hot(tokens, lp_all.shape[-1], dtype=lp_all.dtype), -1)
 
 
 def _masked_mean(x, w):
@@ -63,12 +61,15 @@ def clip_regions(logp, old, adv, eps, eps_high):
     return low, high, ratio
 
 
-def make_loss(spec: ObjectiveSpec, group: GroupSpec, policy: Policy, has_reference: bool):
-    """Returns loss_fn(params, parts, old_logps, first_iter, forced_flags) ->
-    (loss, (metrics, logps))."""
+def make_loss(spec: ObjectiveSpec, group: GroupSpec, policy: Policy, reference: Reference | None):
+    """Returns loss_fn(params, parts, old_logps, first_iter, forced_flags, ref_state=None) ->
+    (loss, (metrics, logps)); ``ref_state`` is the reference's (read by the exact KL
+    estimators, which run the reference inside the loss)."""
     gr, sp = spec, group.sampling
+    has_reference = reference is not None
     # the decision point's KL is exact over V whatever the estimator; its direction follows it
     exact_kl = objective.EXACT_KL.get(gr.kl_estimator, objective.exact_kl)
+    exact_tokens = gr.kl_estimator in objective.EXACT_KL
     eps, eps_high = gr.epsilon, gr.epsilon_high
     beta = gr.beta if has_reference else 0.0
     train_cont = group.train_continuations
@@ -94,12 +95,14 @@ def make_loss(spec: ObjectiveSpec, group: GroupSpec, policy: Policy, has_referen
         }
         return agg(pg, mask), m
 
-    def kl_terms(logits_lp, logp, ref_lp, tokens):
+    def kl_terms(lp, logp, ref_tok, ref_dist):
+        """Per-token KL: exact over V against ``ref_dist()`` (the reference's log-probs at
+        these very positions, computed only here: a chunk's worth at a time), or a sampled-
+        token estimator of log π_ref(o_t) ``ref_tok`` carried from the rollout."""
         if not has_reference:
             return jnp.zeros_like(logp)
-        if gr.kl_estimator in objective.EXACT_KL:
-            return exact_kl(logits_lp, ref_lp)
-        ref_tok = jnp.take_along_axis(ref_lp, tokens[..., None], axis=-1)[..., 0]
+        if exact_tokens:
+            return exact_kl(lp, jax.lax.stop_gradient(ref_dist()))
         return objective.kl_estimate(logp, ref_tok, gr.kl_estimator)
 
     def agg_weights(mask):
@@ -108,18 +111,19 @@ def make_loss(spec: ObjectiveSpec, group: GroupSpec, policy: Policy, has_referen
         let the member chunks of a forced part each add their share of the exact aggregate."""
         return jax.grad(lambda x: agg(x, mask))(jnp.zeros(mask.shape, jnp.float32))
 
-    def sampled_loss(params, part: Part, old_logp, first_iter):
+    def sampled_loss(params, ref_state, part: Part, old_logp, first_iter):
         _, logits = token_logits(policy, params, part.prompts, part.tokens)
         lp_all = tempered_logp(logits, sp)  # [B, K, T, V]
         logp = token_logp(lp_all, part.tokens)
         old = jnp.where(first_iter, jax.lax.stop_gradient(logp), old_logp)
         tok_mask = part.token_mask
         pg, m = surrogate_terms(logp, old, part.advantages, tok_mask)
-        kl = agg(kl_terms(lp_all, logp, part.ref_logp, part.tokens), tok_mask)
+        ref_dist = lambda: reference.logprobs(ref_state, part.prompts, part.tokens)
+        kl = agg(kl_terms(lp_all, logp, part.ref_token_logp, ref_dist), tok_mask)
         ent = agg(entropy(lp_all), tok_mask)
         return pg, kl, ent, jnp.mean(part.member_mask.max(1)), m, logp
 
-    def continuation_terms(params, state, part: Part, old_logp, first_iter, t):
+    def continuation_terms(params, ref_state, state, part: Part, old_logp, first_iter, t):
         """Tokens 1..t-1 of a forced part (t: the value horizon), ``group.loss_chunk``
         members at a time.
 
@@ -128,20 +132,25 @@ def make_loss(spec: ObjectiveSpec, group: GroupSpec, policy: Policy, has_referen
         (weights from agg_weights, so the chunks add up to the unchunked aggregate exactly).
         Chunks are rematerialised (jax.checkpoint): the backward pass recomputes one chunk's
         activations at a time, so the [B, K, T, V] logits never exist at once and peak
-        memory is bounded by the chunk, as in the rollout.
+        memory is bounded by the chunk, as in the rollout. The exact KL estimators run the
+        reference inside the chunk too, so its [B, K, T, V] log-probs never exist either.
         Returns (pg, kl, ent) scalars and logp [B, K, t-1]."""
         k = part.tokens.shape[1]
         # weights of the full-width aggregate, cut at t: the same loss as unsliced arrays
         w = agg_weights(part.token_mask[..., 1:])[..., : t - 1]
+        ref_tok = part.ref_token_logp
+        ref_tok = jnp.zeros(w.shape) if ref_tok is None else ref_tok[..., 1:t]
 
-        def chunk(tokens, old_c, adv_c, w_c, ref_c):
+        def chunk(tokens, old_c, adv_c, w_c, ref_tok_c):
             lp = tempered_logp(policy.extend(params, state, part.prompts, tokens), sp)
             tok = tokens[..., 1:]
             logp = token_logp(lp, tok)
             old = jnp.where(first_iter, jax.lax.stop_gradient(logp), old_c)
             wsum = lambda x: jnp.sum(jnp.where(w_c != 0, x, 0.0) * w_c, axis=-1)
             pg = wsum(objective.clipped_surrogate(logp, old, adv_c, eps, eps_high))
-            return pg, wsum(kl_terms(lp, logp, ref_c, tok)), wsum(entropy(lp)), logp
+            ref_dist = lambda: reference.logprobs(ref_state, part.prompts, tokens)[:, :, 1:]
+            kl = wsum(kl_terms(lp, logp, ref_tok_c, ref_dist))
+            return pg, kl, wsum(entropy(lp)), logp
 
         fn = jax.checkpoint(chunk) if 0 < loss_chunk < k else chunk
         pg, kl, ent, logp = chunked(
@@ -151,7 +160,7 @@ def make_loss(spec: ObjectiveSpec, group: GroupSpec, policy: Policy, has_referen
             old_logp[..., 1:t],
             part.advantages[..., 1:t],
             w,
-            part.ref_logp[..., 1:t, :],
+            ref_tok,
         )
         return pg.sum(), kl.sum(), ent.sum(), logp
 
@@ -183,7 +192,7 @@ def make_loss(spec: ObjectiveSpec, group: GroupSpec, policy: Policy, has_referen
         adv_act = part.advantages[:, ::n_cont, 0]
         return surrogate_terms(lp_act, old_act, adv_act, part.action_mask)
 
-    def forced_loss(params, part: Part, old_logp, first_iter):
+    def forced_loss(params, ref_state, part: Part, old_logp, first_iter):
         b, k, full_t = part.tokens.shape
         t = group.forced_horizon(full_t)  # tokens past it are all masked
         first_logits, state = policy.prefill(params, part.prompts)
@@ -192,13 +201,13 @@ def make_loss(spec: ObjectiveSpec, group: GroupSpec, policy: Policy, has_referen
         pg, m = decision_point(lp_first, logp, part, old_logp, first_iter)
         prompt_w = part.action_mask.max(1)
         ent_dp = entropy(lp_first)
-        kl_dp = exact_kl(lp_first, part.ref_logp[:, 0, 0]) if has_reference else jnp.zeros((b,))
+        kl_dp = exact_kl(lp_first, part.ref_first) if has_reference else jnp.zeros((b,))
         m["entropy_decision"] = _masked_mean(ent_dp, prompt_w)
         m["kl_decision"] = _masked_mean(kl_dp, prompt_w)
         kl, ent = m["kl_decision"], m["entropy_decision"]
         if train_cont and t > 1:
             pg_c, kl_c, ent_c, logp_rest = continuation_terms(
-                params, state, part, old_logp, first_iter, t
+                params, ref_state, state, part, old_logp, first_iter, t
             )
             logp = jnp.concatenate([logp, logp_rest], axis=-1)
             m["pg_continuation"] = pg_c
@@ -211,12 +220,12 @@ def make_loss(spec: ObjectiveSpec, group: GroupSpec, policy: Policy, has_referen
         logp = jnp.pad(logp, ((0, 0), (0, 0), (0, full_t - logp.shape[-1])))
         return pg, kl, ent, jnp.mean(prompt_w), m, logp
 
-    def loss_fn(params, parts, old_logps, first_iter, forced_flags):
+    def loss_fn(params, parts, old_logps, first_iter, forced_flags, ref_state=None):
         total = pg_t = kl_t = ent_t = 0.0
         metrics, logps = {}, []
         for part, old, forced in zip(parts, old_logps, forced_flags, strict=True):
             part_loss = forced_loss if forced else sampled_loss
-            pg, kl, ent, w, m, logp = part_loss(params, part, old, first_iter)
+            pg, kl, ent, w, m, logp = part_loss(params, ref_state, part, old, first_iter)
             # a zero coefficient still costs a backward pass through the term: detach it
             kl_term = beta * kl if beta else jax.lax.stop_gradient(kl) * 0.0
             ent_term = (

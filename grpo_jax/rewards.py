@@ -167,7 +167,8 @@ class RewardTerm(NamedTuple):
     """One weighted reward term of a task.
 
     ``host=False``: a jittable ``fn(reward_state, prompts, tokens [B, K, T], mask [B, K, T],
-    ref_logp [B, K, T, V] or [..., 0]) -> [B, K] (outcome) or [B, K, T] (per token)``.
+    ref_logp) -> [B, K] (outcome) or [B, K, T] (per token)``, ref_logp [B, K, T, V] when
+    ``reads_reference`` (else [B, K, T, 0]).
     ``host=True``: a plain Python ``fn(prompts: list[str], completions: list[str],
     **task_fields) -> list[float | None]`` on decoded text, one value per completion (B*K,
     prompt-major), as researchers write them; None means "not scored by this term".
@@ -177,6 +178,9 @@ class RewardTerm(NamedTuple):
     weight: float
     fn: Callable
     host: bool = False
+    # the term reads the reference's whole distribution at every completion position (its
+    # ref_logp argument [B, K, T, V]); the engine materialises it only for such a term
+    reads_reference: bool = False
 
 
 def _spread(values, mask):
@@ -256,4 +260,7 @@ def char_terms(reward_cfg, target_field: str = "target"):
 
         return fn
 
-    return tuple(RewardTerm(name, w, term(name)) for name, w in parse_terms(reward_cfg.terms))
+    return tuple(
+        RewardTerm(name, w, term(name), reads_reference=name in NEEDS_REFERENCE)
+        for name, w in parse_terms(reward_cfg.terms)
+    )

@@ -47,6 +47,12 @@ def _filtered(logp, sp: SamplingParams):
     return logp
 
 
+def token_logp(lp_all, tokens):
+    """log π(token) from log-probs [..., V] and tokens [...]. A one-hot product instead of a
+    gather: its gradient is dense instead of a scatter-add, which is slow on CPU."""
+    return jnp.sum(lp_all * jax.nn.one_hot(tokens, lp_all.shape[-1], dtype=lp_all.dtype), -1)
+
+
 def sample_from_logits(logits, u, sp: SamplingParams):
     """Inverse-CDF sample. logits [..., V], u [...] uniform in [0, 1).
 

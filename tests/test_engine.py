@@ -14,7 +14,7 @@ from grpo_jax.loss import make_loss
 from grpo_jax.model import Transformer, init_params
 from grpo_jax.policy import TokenPrompts, policy_reference, transformer_policy
 from grpo_jax.rewards import RewardTerm
-from grpo_jax.rollout import SamplingParams
+from grpo_jax.rollout import SamplingParams, token_logp
 from grpo_jax.specs import EngineSpec, GroupSpec, ObjectiveSpec
 from grpo_jax.train_state import init_state
 
@@ -99,13 +99,15 @@ def test_tokens_after_eos_contribute_nothing():
     spec = EngineSpec.from_config(_config(beta=0.3))
 
     def part_of(tok):
+        ref_tok = token_logp(ref.logprobs(ref_params, prompts, tok), tok)
         return groups.Part(
             prompts, tok, mask, jnp.ones((1, 2)), jnp.zeros(tok.shape),
-            jnp.zeros((1, 0), jnp.int32), jnp.zeros((1, 0)), ref.logprobs(ref_params, prompts, tok),
+            jnp.zeros((1, 0), jnp.int32), jnp.zeros((1, 0)), jnp.zeros((1, 2, 4, 0)),
             mask, jnp.zeros((1, 2)), adv, jnp.zeros((1, 0)), jnp.ones((1, 2)),
+            ref_token_logp=ref_tok,
         )  # fmt: skip
 
-    loss_fn = make_loss(spec.objective, spec.group, policy, True)
+    loss_fn = make_loss(spec.objective, spec.group, policy, ref)
 
     def engine_loss(p, tok):
         part = part_of(tok)

@@ -35,9 +35,12 @@ def _policy(cfg, model):
     return transformer_policy(model, EngineSpec.from_config(cfg).group.sampling, cfg.data.horizon)
 
 
-def make_loss(cfg, model, has_reference):
+def make_loss(cfg, model, reference):
+    """The loss with the reference bound: loss_fn(params, parts, old, first, forced)."""
     spec = EngineSpec.from_config(cfg)
-    return make_loss_from_specs(spec.objective, spec.group, _policy(cfg, model), has_reference)
+    ref, ref_state = reference
+    fn = make_loss_from_specs(spec.objective, spec.group, _policy(cfg, model), ref)
+    return lambda *args: fn(*args, ref_state)
 
 
 def make_step(cfg, corpus, model, params, tx, sched, sample_prompts):
@@ -48,7 +51,7 @@ def make_step(cfg, corpus, model, params, tx, sched, sample_prompts):
         EngineSpec.from_config(cfg), policy, ref, sample_prompts,
         rewards.char_terms(cfg.reward), tx, sched,
     )  # fmt: skip
-    return step, ref_state
+    return step, (ref, ref_state)
 
 
 def _parts(cfg, corpus, model, params):
@@ -57,10 +60,10 @@ def _parts(cfg, corpus, model, params):
     tgt = jnp.asarray(corpus.val[32:48]).reshape(2, 8)
     prompts = TokenPrompts(ctx, None, {"target": tgt})
     tx, sched = make_optimizer(cfg.optim, 4)
-    step, ref_state = make_step(cfg, corpus, model, params, tx, sched, lambda k, d: prompts)
+    step, (ref, ref_state) = make_step(cfg, corpus, model, params, tx, sched, lambda k, d: prompts)
     state = init_state(params, tx, 0)._replace(rng=jax.random.PRNGKey(1))
     parts, _ = step.score(step.rollout(state, StepInputs(None, ref_state)))
-    return parts, ref_state is not None
+    return parts, (ref, ref_state)
 
 
 def test_expected_estimator_is_the_exact_all_action_gradient(setup):
@@ -68,10 +71,10 @@ def test_expected_estimator_is_the_exact_all_action_gradient(setup):
     cfg = cfg.copy_and_resolve_references()
     cfg.group.train_continuations = False
     cfg.grpo.beta, cfg.grpo.exhaustive_estimator, cfg.grpo.advantage_scale = 0.0, "expected", "none"
-    parts, has_ref = _parts(cfg, corpus, model, params)
+    parts, ref = _parts(cfg, corpus, model, params)
     (part,) = parts
     chex.assert_shape(part.action_returns, (2, corpus.vocab.size))
-    loss_fn = make_loss(cfg, model, has_ref)
+    loss_fn = make_loss(cfg, model, ref)
     g = jax.grad(lambda p: loss_fn(p, parts, (part.logp_old,), True, (True,))[0])(params)
 
     def expected_return(p):  # J(θ) = mean_b Σ_a π_θ(a|s_b) R_b(a), written independently
@@ -91,9 +94,9 @@ def test_uniform_estimator_gradient(setup):
     cfg.group.train_continuations = False
     cfg.grpo.beta, cfg.grpo.exhaustive_estimator = 0.0, "uniform"
     cfg.grpo.advantage_scale = "group"
-    parts, has_ref = _parts(cfg, corpus, model, params)
+    parts, ref = _parts(cfg, corpus, model, params)
     (part,) = parts
-    loss_fn = make_loss(cfg, model, has_ref)
+    loss_fn = make_loss(cfg, model, ref)
     g = jax.grad(lambda p: loss_fn(p, parts, (part.logp_old,), True, (True,))[0])(params)
     # ratio = 1 at iteration 0, so ∇L = -mean_{b,a} A(a) ∇ log π(a); A standardised over V
     r = np.asarray(part.action_returns, np.float64)
@@ -128,7 +131,7 @@ def test_train_step_invariant_to_vocab_chunk(setup, mode):
             context, target = load_corpus_windows(key, tokens, b, ctx_len, h)
             return TokenPrompts(context, None, {"target": target})
 
-        step, ref_state = make_step(c, corpus, model, params, tx, sched, sample_prompts)
+        step, (_, ref_state) = make_step(c, corpus, model, params, tx, sched, sample_prompts)
         state = init_state(params, tx, c.seed)
         inputs = StepInputs(jnp.asarray(corpus.train[:5000]), ref_state)
         state, m = jax.jit(step.fused)(state, inputs)
@@ -152,7 +155,7 @@ def test_member_chunked_loss_equals_unchunked(setup):
     cfg, corpus, model, params = setup
     cfg = cfg.copy_and_resolve_references()
     cfg.grpo.exhaustive_estimator = "uniform"  # the decision point reads π_old too
-    parts, has_ref = _parts(cfg, corpus, model, params)
+    parts, ref = _parts(cfg, corpus, model, params)
     flags = (True,)
     outs = []
     # 7 does not divide V = 65: the last chunk is padded. The loss's own chunk overrides the
@@ -160,7 +163,7 @@ def test_member_chunked_loss_equals_unchunked(setup):
     for chunk in (0, 7):
         c = cfg.copy_and_resolve_references()
         c.group.loss_chunk = chunk
-        loss_fn = make_loss(c, model, has_ref)
+        loss_fn = make_loss(c, model, ref)
         old = tuple(p.logp_old + 0.05 for p in parts)
         fn = jax.jit(jax.value_and_grad(loss_fn, has_aux=True), static_argnums=(4,))
         for first in (True, False):
@@ -180,8 +183,8 @@ def test_masked_rows_do_not_dilute_the_loss(setup):
     """A forced part whose second prompt is masked out (as adaptive and guided groups do)
     gives the valid prompt's own loss, weighted once by the part's prompt share (1/2)."""
     cfg, corpus, model, params = setup
-    (part,), has_ref = _parts(cfg, corpus, model, params)
-    loss_fn = make_loss(cfg, model, has_ref)
+    (part,), ref = _parts(cfg, corpus, model, params)
+    loss_fn = make_loss(cfg, model, ref)
     keep = jnp.array([1.0, 0.0])
     masked = part._replace(
         member_mask=part.member_mask * keep[:, None],
