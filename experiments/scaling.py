@@ -3,10 +3,14 @@
 One exhaustive GRPO train step (group = all V first tokens, each continued for horizon - 1
 sampled tokens; the whole step jitted once, state donated) for a model with vocabulary V on
 synthetic data: the train tokens are uniform random ids in [0, V), the reward is ``match``
-(per-char agreement with the window's true continuation), and there is NO reference model
-(``reference.kind=none``), so the step has no KL term at all (no exact KL over V, no
-reference log-probs): the figures are rollout + reward + policy gradient + optimizer update
-only.
+(per-char agreement with the window's true continuation), and the KL reference is the frozen
+initial policy with the ``k3`` estimator by default (``--reference=policy --kl_estimator=k3``,
+β = the config's ``grpo.beta``): the rollout carries log π_ref of each generated token,
+computed member chunk by member chunk beside the policy's own (the reference's log-probs are
+never materialised as [B, V, H, V]). ``--kl_estimator=exact`` (or ``exact_forward``) runs the
+reference inside the loss's member chunks instead; ``--reference=none`` drops the KL term
+(rollout + reward + policy gradient + optimizer update only), as the table's rows before
+the KL reference at any V did.
 
 The step is the Shakespeare task's own (``build_task(config, "train")``, ``task.build``,
 ``task.make_state``; ``step.fused`` jitted with the state donated), so the table times exactly
@@ -28,11 +32,17 @@ reasonable time this still shows whether the chunked step's buffers fit a given 
 Each run goes in its own subprocess, so the process peak RSS is that run's own. Memory: on GPU
 ``device.memory_stats()["peak_bytes_in_use"]``; on CPU the step executable's
 ``compiled.memory_analysis()`` argument + output + temp (- aliased), plus the process peak RSS.
+Each run also counts the step's matmul FLOPs (``measure.step_flops``: every dot_general the
+traced step executes, loops and the backward pass's recomputation included).
+
+One run alone (what experiments/gpu_suite.py calls, one subprocess per V): ``--one_run=
+V:chunk:loss_chunk@run`` (or ``@compile``) measures it in this process and prints its JSON
+as the last line.
 
 This CPU's run (2 cores), each V all at once and chunked (``V:chunk:loss_chunk``):
 
-  python experiments/scaling.py --vocab_sizes=65,65:13:13,256,256:32:32,1000:250:25 \
-      --compile_only=1000:0:0,50000:2500:25,50000:5000:10 --warmup=1 --steps=2
+  python experiments/scaling.py --vocab_sizes=65,65:13:13,256,256:32:32 \
+      --compile_only=1000:0:0,1000:250:25,50000:2500:25,50000:5000:10 --warmup=1 --steps=2
 
 On one GPU (H100/H200), the full table:
 
@@ -55,7 +65,7 @@ from pathlib import Path
 import jax
 import numpy as np
 from absl import app, flags
-from measure import memory, time_train_step
+from measure import memory, step_flops, time_train_step
 from ml_collections import config_flags
 
 from grpo_jax.tasks import build_task
@@ -77,6 +87,19 @@ flags.DEFINE_string(
     "1000:250:25,50000:2500:25",
     "Chunks of a bare V as V:chunk[:loss_chunk],...; unlisted: 0 (all at once).",
 )
+flags.DEFINE_enum(
+    "reference",
+    "policy",
+    ["none", "policy"],
+    "KL reference: the frozen initial policy (policy) or no KL term at all (none).",
+)
+flags.DEFINE_enum(
+    "kl_estimator",
+    "k3",
+    ["k1", "k2", "k3", "exact", "exact_forward"],
+    "grpo.kl_estimator with --reference=policy (k*: sampled-token; exact*: the loss's chunks).",
+)
+flags.DEFINE_bool("flops", True, "Count the step's matmul FLOPs (measure.step_flops).")
 flags.DEFINE_integer("batch_size", 8, "Prompts per step (B).", lower_bound=1)
 flags.DEFINE_integer("context_len", 100, "Context length.", lower_bound=1)
 flags.DEFINE_integer("horizon", 70, "Horizon.", lower_bound=1)
@@ -140,7 +163,8 @@ def step_config(data_path: Path, chunk: int, loss_chunk: int):
     config.train.num_steps = FLAGS.warmup + FLAGS.steps
     config.data.context_len = FLAGS.context_len
     config.data.horizon = FLAGS.horizon
-    config.reference.kind = "none"
+    config.reference.kind = FLAGS.reference
+    config.grpo.kl_estimator = FLAGS.kl_estimator
     config.reward.terms = "match"
     # the task also builds its (unused here) held-out evaluation: keep it small, and fit no
     # n-gram baselines over a V-char alphabet
@@ -158,7 +182,7 @@ def measure(v: int, chunk: int, loss_chunk: int, compile_only: bool = False) -> 
     if task.vocab.size != v:
         raise RuntimeError(f"the synthetic corpus has {task.vocab.size} distinct chars, not {v}")
     c, h = config.data.context_len, config.data.horizon
-    params = task.init_params(jax.random.PRNGKey(config.seed))
+    params = jax.jit(task.init_params)(jax.random.PRNGKey(config.seed))  # one program
     n_params = int(sum(x.size for x in jax.tree.leaves(params)))
     step, inputs = task.build(params)
     state = task.make_state(params)
@@ -185,10 +209,15 @@ def measure(v: int, chunk: int, loss_chunk: int, compile_only: bool = False) -> 
         "train_continuations": bool(config.group.train_continuations),
         "exhaustive_estimator": config.grpo.exhaustive_estimator,
         "num_iterations": int(config.grpo.num_iterations),
+        "reference": config.reference.kind,
+        "kl_estimator": config.grpo.kl_estimator if config.reference.kind != "none" else None,
+        "beta": float(config.grpo.beta),
         "compile_s": compile_s,
         "loadavg_1m_before_after": [load_before[0], os.getloadavg()[0]],
         **memory(compiled),
     }
+    if FLAGS.flops:  # traced again (shapes only): the state handed back is a live one
+        out.update(step_flops(step.fused, state, inputs, compiled=compiled))
     if times:
         med = statistics.median(times)
         gen = float(metrics["generated_tokens"])
@@ -222,6 +251,28 @@ def write_json(raw: dict):
     (out_dir / f"{FLAGS.name}.json").write_text(json.dumps(raw, indent=1))
 
 
+def reference_line(r: dict) -> str:
+    """The setup's KL bullet from a run's record (runs before the option had none)."""
+    if r.get("reference", "none") == "none":
+        return (
+            "- **No reference model** (`reference.kind=none`): the step has no KL term, so "
+            "neither the KL over V at the decision point nor the reference's log-probs are "
+            "computed here."
+        )
+    est = r.get("kl_estimator")
+    how = (
+        "the loss runs the reference inside its member chunks (exact KL over V at every "
+        "generated position)"
+        if est in ("exact", "exact_forward")
+        else "the rollout carries log π_ref of each generated token, computed member chunk by "
+        "member chunk beside the policy's (no [B, V, H, V] reference log-probs)"
+    )
+    return (
+        f"- **KL reference: the frozen initial policy** (`reference.kind={r['reference']}`, "
+        f"`grpo.kl_estimator={est}`, β = {r.get('beta', '?')}): {how}."
+    )
+
+
 def write_markdown(raw: dict) -> str:
     """Writes <name>.md from the run record (write_json's); returns its text."""
     results = {parse_run(key): r for key, r in raw["results"].items()}
@@ -242,9 +293,7 @@ def write_markdown(raw: dict) -> str:
         f"{any_r.get('num_iterations', 1)} optimizer update(s) per rollout (grpo.num_iterations); "
         f"{setup['warmup']} warm-up + {setup['steps']} "
         "timed steps, median reported.",
-        "- **No reference model** (`reference=None`): the step has no KL term, so the exact "
-        "KL over V at the decision point (and the reference's [B, V, H, V] log-probs) is "
-        "**off** here; figures with the n-gram reference would be higher.",
+        reference_line(any_r),
         "- Memory on CPU: the step executable's `compiled.memory_analysis()` argument + "
         "output + temp − aliased (XLA's buffer plan for the step), and the process peak RSS "
         "(ru_maxrss, one process per run, includes JAX/XLA runtime and compilation); on GPU "
@@ -258,8 +307,8 @@ def write_markdown(raw: dict) -> str:
         "| V | chunks (rollout / loss) | guide: feasible | guide: memory (GB) "
         "| guide: time / iteration | measured: time / iteration (s, median) "
         "| measured: step executable memory | measured: process peak RSS | compile (s) "
-        "| generated tokens/s | load avg (1 min) before → after |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
+        "| generated tokens/s | matmul TFLOP / iteration | load avg (1 min) before → after |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     measured_v = {k[0] for k in results}
     not_run = [(v, -1, -1) for v in GUIDE if v not in measured_v]  # guide rows only
@@ -269,7 +318,7 @@ def write_markdown(raw: dict) -> str:
         r = results.get(key)
         if r is None or "compile_s" not in r:
             why = r["error"] if r else "not run on this device"
-            lines.append(f"| {v} | – | {g[0]} | {g[1]} | {g[2]} | {why} | – | – | – | – | – |")
+            lines.append(f"| {v} | – | {g[0]} | {g[1]} | {g[2]} | {why} | – | – | – | – | – | – |")
             continue
         chunks = f"{r['vocab_chunk']} / {r.get('loss_chunk', 0) or r['vocab_chunk']}"
         if "median_step_s" in r:
@@ -283,6 +332,7 @@ def write_markdown(raw: dict) -> str:
             f"| {v} | {chunks} | {g[0]} | {g[1]} | {g[2]} | {timing} | "
             f"{fmt_bytes(r.get('executable_bytes', r['peak_memory_bytes']))} | "
             f"{rss} | {r['compile_s']:.1f} | {tps} | "
+            + (f"{r['matmul_flops'] / 1e12:.2f} | " if "matmul_flops" in r else "– | ")
             + " → ".join(f"{x:.1f}" for x in r.get("loadavg_1m_before_after", []))
             + " |"
         )
@@ -351,6 +401,8 @@ def main(argv):
             "horizon": FLAGS.horizon,
             "warmup": FLAGS.warmup,
             "steps": FLAGS.steps,
+            "reference": FLAGS.reference,
+            "kl_estimator": FLAGS.kl_estimator if FLAGS.reference != "none" else None,
             "cpu_count": os.cpu_count(),
         },
         "note": FLAGS.note,

@@ -1,0 +1,71 @@
+"""experiments/gpu_suite.py --smoke end to end (issue 15): every part of the GPU suite at tiny
+sizes on the CPU, in real subprocesses, so the suite cannot rot while no GPU runs it."""
+
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def positive(x) -> bool:
+    return isinstance(x, (int, float)) and math.isfinite(x) and x > 0
+
+
+def test_gpu_suite_smoke(tmp_path, shakespeare_path):
+    env = {**os.environ, "GRPO_JAX_DATA": str(shakespeare_path), "JAX_PLATFORMS": "cpu"}
+    cmd = [sys.executable, "experiments/gpu_suite.py", "--smoke", f"--out_dir={tmp_path}"]
+    done = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
+    (js,) = tmp_path.glob("gpu_suite_*.json")
+    (md,) = tmp_path.glob("gpu_suite_*.md")
+    raw = json.loads(js.read_text())
+
+    device = raw["device"]
+    assert device["platform"] == "cpu" and device["device_kind"] and device["device_count"] >= 1
+    assert device["jax"] and device["jaxlib"] and "default_matmul_precision" in device
+    assert raw["dtypes"] == ["float32", "bfloat16"] and raw["smoke"] is True
+    for dtype in raw["dtypes"]:
+        assert positive(device["measured_peak"][dtype]["flops_per_s"])
+    res = raw["results"]
+    assert set(res) == {"probe", "step", "trl", "exhaustive", "large"}
+    assert set(raw["part_wall_s"]) == set(res) and positive(raw["wall_s"])
+
+    def check_bench(r, dtype):
+        assert r["dtype"] == dtype, r
+        for key in ("median_step_s", "steps_per_s", "tokens_per_s", "rollout_s", "update_s",
+                    "wall_s", "peak_memory_bytes", "matmul_flops", "rollout_matmul_flops",
+                    "update_matmul_flops"):  # fmt: skip
+            assert positive(r[key]), (key, r.get(key))
+        for half in ("step", "rollout", "update"):
+            assert positive(r[half]["mfu_measured"]) and r[half]["mfu_nominal"] is None
+        assert r["command"].startswith("python experiments/benchmark.py")
+
+    assert list(res["step"]) == ["float32"]
+    check_bench(res["step"]["float32"], "float32")
+    check_bench(res["large"], "bfloat16")
+    assert "--config.model.num_layers=2" in res["large"]["command"]
+
+    assert set(res["trl"]) == {"float32", "bfloat16"}
+    for r in res["trl"].values():  # skipped where torch/trl are absent (this env), else run
+        assert r.get("skipped") or positive(r["median_step_s"]), r
+
+    assert set(res["exhaustive"]) == {"65", "256"}
+    for v, r in res["exhaustive"].items():
+        assert r["vocab_size"] == int(v) and r["reference"] == "policy"
+        assert r["kl_estimator"] == "k3"
+        for key in ("median_step_s", "peak_memory_bytes", "matmul_flops", "wall_s"):
+            assert positive(r[key]), (v, key, r.get(key))
+        assert positive(r["utilisation"]["mfu_measured"]) and positive(r["speedup_vs_guide"])
+    assert res["exhaustive"]["256"]["vocab_chunk"] == 32  # the chunked path
+
+    assert raw["targets"] and all(t["met"] == "n/a (smoke)" for t in raw["targets"].values())
+    assert len(raw["commands"]) == 1 + 1 + 2 + 2 + 1  # probe, step, trl x2, V x2, large
+    text = md.read_text()
+    for heading in ("## Targets", "## GRPO step", "## TRL GRPOTrainer", "## Exhaustive GRPO",
+                    "## Larger model", "## Commands"):  # fmt: skip
+        assert heading in text, heading
+    assert device["jax"] in text and device["device_kind"] in text
