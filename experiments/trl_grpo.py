@@ -1,0 +1,318 @@
+"""TRL's GRPOTrainer on the same GRPO work as grpo_jax's char Shakespeare step (issue 15).
+
+A randomly initialised GPT-2 (GPT2LMHeadModel, default 4 layers x 4 heads x 128, 170
+positions: pre-LN, GELU, tied embeddings, grpo_jax's architecture and parameter count but
+for the one extra embedding row) over the corpus's characters plus one end-of-text token;
+a char tokenizer (a ``tokenizers`` BPE model with no merges: every character is one token,
+decoded by concatenation); prompts = 100-char windows of the train split (the first 90 %
+of the text, grpo_jax/data.py's split); the reward grpo_jax's ``match``: the fraction of
+the 70 generated chars equal to the true next 70 chars. One optimizer step = one
+generation round of 8 prompts x G = 8 completions (per_device_train_batch_size = 64, no
+gradient accumulation, steps_per_generation = 1), the horizon forced by ``min_new_tokens``
+(the end-of-text token is masked at all 70 positions, so completions are exactly 70
+chars), mu = 1, beta = 0.04 against the frozen initial policy (TRL's KL is k3), loss_type
+"grpo" (sequence mean of token means, grpo_jax's default aggregation), scale_rewards
+"none" (grpo_jax's advantage_scale default), AdamW lr 3e-3, b2 0.99, clip 1.0 (grpo_jax's
+optim), fp32 unless --dtype=bfloat16 (bf16 autocast), no gradient checkpointing.
+Timed per optimizer step by a TrainerCallback (on_step_begin -> on_step_end, CUDA synced).
+
+Needs torch, transformers, trl (and datasets, accelerate); a venv for it on CPU:
+
+  python -m venv /work/trl_venv && /work/trl_venv/bin/pip install torch==2.13.0
+  /work/trl_venv/bin/pip install trl -c <(echo torch==2.13.0)
+  GRPO_JAX_DATA=/work/shared/data/tinyshakespeare.txt \
+      /work/trl_venv/bin/python experiments/trl_grpo.py --steps=5 --warmup=2
+
+The LAST printed line is one JSON object; ``run(**kwargs)`` returns the same dict (its
+keyword arguments are the flags below, e.g. ``run(steps=5, device="cuda", dtype="bfloat16")``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import random
+import statistics
+import sys
+import tempfile
+import time
+import warnings
+
+DEFAULTS = {
+    "steps": 5,  # timed optimizer steps
+    "warmup": 2,  # untimed optimizer steps first
+    "device": "auto",  # auto (cuda if available) | cpu | cuda
+    "dtype": "float32",  # float32 | bfloat16 (bf16 autocast, fp32 master weights)
+    "batch_prompts": 8,  # prompts per optimizer step
+    "group": 8,  # completions per prompt (num_generations)
+    "context": 100,  # prompt chars
+    "horizon": 70,  # generated chars (forced)
+    "layers": 4,
+    "heads": 4,
+    "width": 128,
+    "positions": 0,  # GPT-2 n_positions; 0 -> context + horizon (grpo_jax's model.max_len)
+    "beta": 0.04,
+    "learning_rate": 3e-3,
+    "seed": 0,
+    "data": "",  # corpus path; "" -> $GRPO_JAX_DATA
+    "train_fraction": 0.9,
+    "threads": 0,  # torch.set_num_threads (0 = torch's default)
+}
+EOS = "<|endoftext|>"
+
+
+def char_tokenizer(chars: str):
+    """A HF fast tokenizer with one token per character of ``chars`` (ids 0..V-1 in the given
+    order, grpo_jax's sorted-char ids) plus EOS (id V), which is also the pad token."""
+    from tokenizers import Tokenizer, decoders, models
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {c: i for i, c in enumerate(chars)}
+    vocab[EOS] = len(chars)
+    # BPE with no merges and no pre-tokenizer splits the text into its characters, whitespace
+    # included; the Fuse decoder concatenates tokens (no spaces between them)
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=[], unk_token=None))
+    tok.add_special_tokens([EOS])
+    tok.decoder = decoders.Fuse()
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tok, eos_token=EOS, pad_token=EOS, bos_token=EOS, padding_side="left"
+    )
+
+
+def load_prompts(path: str, fraction: float, context: int, horizon: int, n: int, seed: int):
+    """n random (prompt, target) windows of the train split: text[s:s+C], text[s+C:s+C+H]."""
+    with open(path, encoding="utf-8") as f:
+        text = f.read()
+    chars = "".join(sorted(set(text)))  # grpo_jax's Vocab.from_text: the whole text's chars
+    train = text[: int(len(text) * fraction)]
+    rng = random.Random(seed)
+    starts = [rng.randrange(len(train) - context - horizon + 1) for _ in range(n)]
+    prompts = [train[s : s + context] for s in starts]
+    targets = [train[s + context : s + context + horizon] for s in starts]
+    return chars, prompts, targets
+
+
+def cpu_name() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "cpu"
+
+
+def run(**kwargs) -> dict:
+    """Builds and trains for warmup + steps optimizer steps; returns the timing dict."""
+    unknown = set(kwargs) - set(DEFAULTS)
+    if unknown:
+        raise TypeError(f"unknown arguments {sorted(unknown)}; known: {sorted(DEFAULTS)}")
+    a = argparse.Namespace(**{**DEFAULTS, **kwargs})
+    a.positions = a.positions or a.context + a.horizon
+    if a.context + a.horizon > a.positions:
+        raise ValueError(f"context + horizon = {a.context + a.horizon} > positions {a.positions}")
+
+    import datasets
+    import torch
+    import transformers
+    import trl
+    from transformers import GPT2Config, GPT2LMHeadModel, TrainerCallback, set_seed
+    from trl import GRPOConfig, GRPOTrainer
+
+    warnings.filterwarnings("ignore")
+    transformers.logging.set_verbosity_error()
+    datasets.disable_progress_bars()
+    if a.threads:
+        torch.set_num_threads(a.threads)
+    if a.device == "auto":
+        a.device = "cuda" if torch.cuda.is_available() else "cpu"
+    if a.device == "cuda" and not torch.cuda.is_available():
+        raise RuntimeError("--device=cuda but torch sees no CUDA device")
+    if a.dtype not in ("float32", "bfloat16"):
+        raise ValueError(f"dtype {a.dtype!r}: float32 | bfloat16")
+    cuda = a.device == "cuda"
+    set_seed(a.seed)
+
+    path = a.data or os.environ.get("GRPO_JAX_DATA", "")
+    if not path:
+        raise ValueError("no corpus: pass --data or set GRPO_JAX_DATA")
+    total = a.warmup + a.steps
+    chars, prompts, targets = load_prompts(
+        path, a.train_fraction, a.context, a.horizon, a.batch_prompts * total, a.seed
+    )
+    tokenizer = char_tokenizer(chars)
+    char_id = {c: i for i, c in enumerate(chars)}
+    for text in (chars, prompts[0]):  # one token per char, grpo_jax's ids, exact round trip
+        ids = tokenizer(text)["input_ids"]
+        assert ids == [char_id[c] for c in text] and tokenizer.decode(ids) == text, text
+    dataset = datasets.Dataset.from_dict({"prompt": prompts, "target": targets})
+
+    lengths = []  # completion lengths of every step, checked against the horizon
+
+    def match(completions, completion_ids, target, **_):
+        """grpo_jax's match: mean over the horizon of completion[i] == target[i] (on ids)."""
+        out = []
+        for ids, tgt in zip(completion_ids, target, strict=True):
+            lengths.append(len(ids))
+            hits = sum(int(i == char_id[c]) for i, c in zip(ids, tgt, strict=False))
+            out.append(hits / len(tgt))
+        return out
+
+    class StepTimer(TrainerCallback):
+        def __init__(self):
+            self.begin, self.step_s, self.loop_s, self.last_end = None, [], [], None
+
+        def _sync(self):
+            if cuda:
+                torch.cuda.synchronize()
+
+        def on_step_begin(self, args, state, control, **kw):
+            self._sync()
+            self.begin = time.perf_counter()
+
+        def on_step_end(self, args, state, control, **kw):
+            self._sync()
+            now = time.perf_counter()
+            self.step_s.append(now - self.begin)
+            if self.last_end is not None:  # end -> end: the whole loop, data loading included
+                self.loop_s.append(now - self.last_end)
+            self.last_end = now
+
+    timer = StepTimer()
+    n_completions = a.batch_prompts * a.group
+    config = GRPOConfig(
+        output_dir=tempfile.mkdtemp(prefix="trl_grpo_out_"),
+        max_steps=total,
+        per_device_train_batch_size=n_completions,  # completions per micro-batch
+        gradient_accumulation_steps=1,
+        steps_per_generation=1,  # one generation round (8 prompts x G) per optimizer step
+        num_generations=a.group,
+        max_completion_length=a.horizon,
+        generation_kwargs={"min_new_tokens": a.horizon},
+        temperature=1.0,
+        top_p=1.0,
+        top_k=0,
+        num_iterations=1,
+        beta=a.beta,
+        epsilon=0.2,
+        loss_type="grpo",
+        scale_rewards="none",
+        learning_rate=a.learning_rate,
+        adam_beta1=0.9,
+        adam_beta2=0.99,
+        weight_decay=0.0,
+        max_grad_norm=1.0,
+        lr_scheduler_type="cosine_with_min_lr",
+        lr_scheduler_kwargs={"min_lr_rate": 0.1},
+        warmup_steps=10,
+        gradient_checkpointing=False,
+        bf16=a.dtype == "bfloat16",
+        fp16=False,
+        use_cpu=not cuda,
+        use_vllm=False,
+        log_completions=False,
+        logging_steps=10**9,
+        save_strategy="no",
+        eval_strategy="no",
+        report_to="none",
+        disable_tqdm=True,
+        seed=a.seed,
+        dataloader_num_workers=0,
+    )
+
+    # The trainer builds its frozen reference from the policy's path: save the random
+    # initial model and load both from it (reference = initial policy, grpo_jax's kind=policy)
+    model_dir = tempfile.mkdtemp(prefix="trl_grpo_model_")
+    gpt = GPT2LMHeadModel(
+        GPT2Config(
+            vocab_size=len(tokenizer),
+            n_positions=a.positions,
+            n_embd=a.width,
+            n_layer=a.layers,
+            n_head=a.heads,
+            bos_token_id=tokenizer.eos_token_id,
+            eos_token_id=tokenizer.eos_token_id,
+            pad_token_id=tokenizer.pad_token_id,
+        )
+    )
+    n_params = sum(p.numel() for p in gpt.parameters())
+    gpt.save_pretrained(model_dir)
+    tokenizer.save_pretrained(model_dir)
+    del gpt
+
+    trainer = GRPOTrainer(
+        model=model_dir,
+        reward_funcs=match,
+        args=config,
+        train_dataset=dataset,
+        processing_class=tokenizer,
+        callbacks=[timer],
+    )
+    t0 = time.perf_counter()
+    trainer.train()
+    train_s = time.perf_counter() - t0
+
+    if len(timer.step_s) != total:
+        raise RuntimeError(f"timed {len(timer.step_s)} optimizer steps, expected {total}")
+    if len(lengths) != total * n_completions:
+        raise RuntimeError(f"{len(lengths)} completions scored, expected {total * n_completions}")
+    mean_len = sum(lengths) / len(lengths)
+    assert min(lengths) == max(lengths) == a.horizon, (min(lengths), max(lengths), a.horizon)
+    times = timer.step_s[a.warmup :]
+    loops = timer.loop_s[max(a.warmup - 1, 0) :]
+    med = statistics.median(times)
+    tokens = n_completions * a.horizon
+    dev_name = torch.cuda.get_device_name(0) if cuda else cpu_name()
+    log = [h for h in trainer.state.log_history if "train_runtime" not in h]
+    res = {
+        "side": "trl",
+        "device": f"{dev_name} / {'cuda' if cuda else 'cpu'}",
+        "dtype": a.dtype,
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "trl": trl.__version__,
+        "python": sys.version.split()[0],
+        "threads": torch.get_num_threads(),
+        "model": f"GPT2LMHeadModel {a.layers}x{a.heads}x{a.width}, {a.positions} positions",
+        "vocab_size": len(tokenizer),
+        "params": int(n_params),
+        "prompts_per_step": a.batch_prompts,
+        "group": a.group,
+        "context": a.context,
+        "horizon": a.horizon,
+        "beta": a.beta,
+        "tokens_per_step": tokens,
+        "mean_completion_length": mean_len,
+        "warmup": a.warmup,
+        "steps": a.steps,
+        "median_step_s": med,
+        "min_step_s": min(times),
+        "max_step_s": max(times),
+        "tokens_per_s": tokens / med,
+        "step_times_s": times,
+        "warmup_step_times_s": timer.step_s[: a.warmup],
+        "median_loop_s": statistics.median(loops) if loops else None,
+        "train_s": train_s,
+        "last_log": log[-1] if log else None,
+    }
+    return res
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    for k, v in DEFAULTS.items():
+        p.add_argument(f"--{k}", type=type(v), default=v)
+    res = run(**vars(p.parse_args(argv)))
+    print(
+        f"TRL {res['trl']} on {res['device']} ({res['threads']} threads): step median "
+        f"{res['median_step_s']:.4f}s (min {res['min_step_s']:.4f}, max {res['max_step_s']:.4f}) "
+        f"over {res['steps']} -> {res['tokens_per_s']:.0f} generated tokens/s"
+    )
+    print(json.dumps(res))
+
+
+if __name__ == "__main__":
+    main()
