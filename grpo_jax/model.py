@@ -56,27 +56,31 @@ def _attention(q, pk, pv, pmask, sk, sv, self_mask, dtype):
     q: [B, G, T, h, d]; pk/pv: [B, h, P, d] or None; pmask: [B, P] bool (real prefix keys);
     sk/sv: [B, G, h, S, d]; self_mask: broadcastable to [B, G, h, T, S] (True = may attend).
     Returns [B, G, T, h, d].
+
+    The two key sets are never concatenated: each gets its own exponentials against their
+    common max, and the normaliser is the sum of both, so the result is the softmax over the
+    concatenation without materialising (and, in the backward pass, splitting) the [.., P + S]
+    scores and their transposed copies. The prefix's keys are shared by the G members: its
+    scores are one matmul over all (G, T) queries.
     """
-    b, g, t, nh, hd = q.shape
+    hd = q.shape[-1]
     q = q * jnp.asarray(hd**-0.5, q.dtype)
-    qs = q.transpose(0, 1, 3, 2, 4)  # [B, G, h, T, d]
-    s_self = jnp.einsum("bghtd,bghsd->bghts", qs, sk).astype(jnp.float32)
+    s_self = jnp.einsum("bgthd,bghsd->bghts", q, sk).astype(jnp.float32)
     s_self = jnp.where(self_mask, s_self, _NEG_INF)
-    if pk is None:
-        w = jax.nn.softmax(s_self, axis=-1).astype(dtype)
-        out = jnp.einsum("bghts,bghsd->bghtd", w, sv)
-        return out.transpose(0, 1, 3, 2, 4)
-    # prefix keys are shared by the G members: fold (G, T) into one query axis
-    qp = q.transpose(0, 3, 1, 2, 4).reshape(b, nh, g * t, hd)
-    s_pre = jnp.einsum("bhqd,bhpd->bhqp", qp, pk).astype(jnp.float32)
-    s_pre = s_pre.reshape(b, nh, g, t, -1).transpose(0, 2, 1, 3, 4)  # [B, G, h, T, P]
-    s_pre = jnp.where(pmask[:, None, None, None, :], s_pre, _NEG_INF)
-    w = jax.nn.softmax(jnp.concatenate([s_pre, s_self], axis=-1), axis=-1).astype(dtype)
-    p = pk.shape[2]
-    wp = w[..., :p].transpose(0, 2, 1, 3, 4).reshape(b, nh, g * t, p)
-    out_p = jnp.einsum("bhqp,bhpd->bhqd", wp, pv).reshape(b, nh, g, t, hd)
-    out_s = jnp.einsum("bghts,bghsd->bghtd", w[..., p:], sv)
-    return out_p.transpose(0, 2, 3, 1, 4) + out_s.transpose(0, 1, 3, 2, 4)
+    m = jnp.max(s_self, axis=-1, keepdims=True)
+    if pk is not None:
+        s_pre = jnp.einsum("bgthd,bhpd->bghtp", q, pk).astype(jnp.float32)
+        s_pre = jnp.where(pmask[:, None, None, None, :], s_pre, _NEG_INF)
+        m = jnp.maximum(m, jnp.max(s_pre, axis=-1, keepdims=True))
+    m = jax.lax.stop_gradient(m)  # any shift gives the same softmax: no gradient through it
+    e_self = jnp.exp(s_self - m)
+    denom = jnp.sum(e_self, axis=-1)
+    out = jnp.einsum("bghts,bghsd->bgthd", e_self.astype(dtype), sv)
+    if pk is not None:
+        e_pre = jnp.exp(s_pre - m)
+        denom = denom + jnp.sum(e_pre, axis=-1)
+        out = out + jnp.einsum("bghtp,bhpd->bgthd", e_pre.astype(dtype), pv)
+    return (out / denom.transpose(0, 1, 3, 2)[..., None]).astype(dtype)
 
 
 class Block(nn.Module):
