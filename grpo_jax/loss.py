@@ -22,7 +22,8 @@ position) or a sampled-token estimator k1/k2/k3 of the reverse KL. The sampled-t
 estimators read log π_ref(o_t), which the rollout computed member chunk by member chunk
 (groups.make_reference_terms); the exact ones run the reference's forward inside the loss, on
 the same member chunks as the policy's training forward, so the reference's [B, K, T, V]
-log-probs are never materialised at any V (at the cost of one reference forward per update).
+log-probs are never materialised at any V (at the cost of one reference forward per update),
+unless a reward term already asked for them (groups.Part.ref_logp), which the loss then reuses.
 
 Memory: a forced part's continuation tokens run their training forward ``group.loss_chunk``
 members at a time (default: the rollout's ``group.vocab_chunk``), each chunk rematerialised in
@@ -105,6 +106,10 @@ def make_loss(spec: ObjectiveSpec, group: GroupSpec, policy: Policy, reference: 
             return exact_kl(lp, jax.lax.stop_gradient(ref_dist()))
         return objective.kl_estimate(logp, ref_tok, gr.kl_estimator)
 
+    def carried(part: Part) -> bool:
+        """The part carries the reference's distribution (a reward term read it): reuse it."""
+        return part.ref_logp.shape[-1] > 0
+
     def agg_weights(mask):
         """Per-token weights w with agg(x, mask) == Σ x·w for every x. Every aggregation is
         linear in x with mask-only coefficients, so the weights are agg's gradient in x; they
@@ -118,7 +123,10 @@ def make_loss(spec: ObjectiveSpec, group: GroupSpec, policy: Policy, reference: 
         old = jnp.where(first_iter, jax.lax.stop_gradient(logp), old_logp)
         tok_mask = part.token_mask
         pg, m = surrogate_terms(logp, old, part.advantages, tok_mask)
-        ref_dist = lambda: reference.logprobs(ref_state, part.prompts, part.tokens)
+        if carried(part):
+            ref_dist = lambda: part.ref_logp
+        else:
+            ref_dist = lambda: reference.logprobs(ref_state, part.prompts, part.tokens)
         kl = agg(kl_terms(lp_all, logp, part.ref_token_logp, ref_dist), tok_mask)
         ent = agg(entropy(lp_all), tok_mask)
         return pg, kl, ent, jnp.mean(part.member_mask.max(1)), m, logp
@@ -140,15 +148,19 @@ def make_loss(spec: ObjectiveSpec, group: GroupSpec, policy: Policy, reference: 
         w = agg_weights(part.token_mask[..., 1:])[..., : t - 1]
         ref_tok = part.ref_token_logp
         ref_tok = jnp.zeros(w.shape) if ref_tok is None else ref_tok[..., 1:t]
+        ref_lp = part.ref_logp[..., 1:t, :]  # [B, K, t-1, V] when carried, else [..., 0]
 
-        def chunk(tokens, old_c, adv_c, w_c, ref_tok_c):
+        def chunk(tokens, old_c, adv_c, w_c, ref_tok_c, ref_lp_c):
             lp = tempered_logp(policy.extend(params, state, part.prompts, tokens), sp)
             tok = tokens[..., 1:]
             logp = token_logp(lp, tok)
             old = jnp.where(first_iter, jax.lax.stop_gradient(logp), old_c)
             wsum = lambda x: jnp.sum(jnp.where(w_c != 0, x, 0.0) * w_c, axis=-1)
             pg = wsum(objective.clipped_surrogate(logp, old, adv_c, eps, eps_high))
-            ref_dist = lambda: reference.logprobs(ref_state, part.prompts, tokens)[:, :, 1:]
+            if carried(part):
+                ref_dist = lambda: ref_lp_c
+            else:
+                ref_dist = lambda: reference.logprobs(ref_state, part.prompts, tokens)[:, :, 1:]
             kl = wsum(kl_terms(lp, logp, ref_tok_c, ref_dist))
             return pg, kl, wsum(entropy(lp)), logp
 
@@ -161,6 +173,7 @@ def make_loss(spec: ObjectiveSpec, group: GroupSpec, policy: Policy, reference: 
             part.advantages[..., 1:t],
             w,
             ref_tok,
+            ref_lp,
         )
         return pg.sum(), kl.sum(), ent.sum(), logp
 

@@ -63,23 +63,29 @@ def _attention(q, pk, pv, pmask, sk, sv, self_mask, dtype):
     scores and their transposed copies. The prefix's keys are shared by the G members: its
     scores are one matmul over all (G, T) queries.
     """
-    hd = q.shape[-1]
+    b, g, t, nh, hd = q.shape
     q = q * jnp.asarray(hd**-0.5, q.dtype)
     s_self = jnp.einsum("bgthd,bghsd->bghts", q, sk).astype(jnp.float32)
     s_self = jnp.where(self_mask, s_self, _NEG_INF)
-    m = jnp.max(s_self, axis=-1, keepdims=True)
+    m = jnp.max(s_self, axis=-1)  # [B, G, h, T]
     if pk is not None:
-        s_pre = jnp.einsum("bgthd,bhpd->bghtp", q, pk).astype(jnp.float32)
-        s_pre = jnp.where(pmask[:, None, None, None, :], s_pre, _NEG_INF)
-        m = jnp.maximum(m, jnp.max(s_pre, axis=-1, keepdims=True))
+        # the prefix's scores in its own layout, [B, h, G*T, P]: one matmul per (B, h); only
+        # their row maxima and sums, never the scores, change layout to meet the own part's
+        qp = q.transpose(0, 3, 1, 2, 4).reshape(b, nh, g * t, hd)
+        s_pre = jnp.einsum("bhqd,bhpd->bhqp", qp, pk).astype(jnp.float32)
+        s_pre = jnp.where(pmask[:, None, None, :], s_pre, _NEG_INF)
+        m_pre = jnp.max(s_pre, axis=-1).reshape(b, nh, g, t).transpose(0, 2, 1, 3)
+        m = jnp.maximum(m, m_pre)
     m = jax.lax.stop_gradient(m)  # any shift gives the same softmax: no gradient through it
-    e_self = jnp.exp(s_self - m)
+    e_self = jnp.exp(s_self - m[..., None])
     denom = jnp.sum(e_self, axis=-1)
     out = jnp.einsum("bghts,bghsd->bgthd", e_self.astype(dtype), sv)
     if pk is not None:
-        e_pre = jnp.exp(s_pre - m)
-        denom = denom + jnp.sum(e_pre, axis=-1)
-        out = out + jnp.einsum("bghtp,bhpd->bgthd", e_pre.astype(dtype), pv)
+        m_q = m.transpose(0, 2, 1, 3).reshape(b, nh, g * t, 1)
+        e_pre = jnp.exp(s_pre - m_q)
+        denom = denom + jnp.sum(e_pre, axis=-1).reshape(b, nh, g, t).transpose(0, 2, 1, 3)
+        out_p = jnp.einsum("bhqp,bhpd->bhqd", e_pre.astype(dtype), pv)
+        out = out + out_p.reshape(b, nh, g, t, hd).transpose(0, 2, 3, 1, 4)
     return (out / denom.transpose(0, 1, 3, 2)[..., None]).astype(dtype)
 
 

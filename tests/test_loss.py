@@ -222,17 +222,22 @@ def test_discounted_returns_weight_early_chars():
         shakespeare_task.validate(cfg, "train")
 
 
-@pytest.mark.parametrize("estimator", ["exact", "exact_forward", "k3"])
-def test_reference_in_member_chunks_equals_the_materialised_kl(setup, estimator):
+@pytest.mark.parametrize(
+    "estimator,terms",
+    [("exact", "match"), ("exact_forward", "match"), ("k3", "match"), ("exact", "match_partial")],
+)
+def test_reference_in_member_chunks_equals_the_materialised_kl(setup, estimator, terms):
     """The KL term with the reference computed inside the loss's member chunks (exact
     estimators) or chunk by chunk in the rollout (k3) equals the KL computed, independently in
     numpy, from the materialised [B, K, T, V] log-probs of the policy and the reference, at
-    V = 65: the decision point's exact KL and the continuation tokens' token-mean."""
+    V = 65: the decision point's exact KL and the continuation tokens' token-mean. With a
+    reward term that reads the reference's distribution (match_partial) the part carries it
+    and the loss reuses it: the same KL."""
     cfg, corpus, model, params = setup
     c = cfg.copy_and_resolve_references()
     c.reference.kind, c.grpo.kl_estimator, c.grpo.loss_agg = "policy", estimator, "token-mean"
     c.group.vocab_chunk, c.group.loss_chunk = 13, 7  # 7 does not divide V = 65
-    c.reward.terms = "match"  # no reward term reads the reference's distribution
+    c.reward.terms = terms
     ref_params = init_params(model, jax.random.PRNGKey(5))  # a reference unlike the policy
     parts, (ref, _) = _parts(c, corpus, model, params, ref_state=ref_params)
     (part,) = parts
@@ -254,7 +259,8 @@ def test_reference_in_member_chunks_equals_the_materialised_kl(setup, estimator)
     else:
         kl = np.exp(rl_t - lp_t) - (rl_t - lp_t) - 1.0
         np.testing.assert_allclose(part.ref_token_logp, rl_t, rtol=1e-5, atol=1e-5)
-    chex.assert_shape(part.ref_logp, (*tok.shape, 0))  # nothing [B, K, T, V] is carried
+    carried = rl.shape[-1] if terms == "match_partial" else 0  # [B, K, T, V] only if read
+    chex.assert_shape(part.ref_logp, (*tok.shape, carried))
     dp_fn = np.sum(np.exp(lp) * (lp - rl), -1) if estimator != "exact_forward" else kl
     t = tok.shape[-1]
     mask = np.asarray(part.token_mask)[..., 1:]
