@@ -163,10 +163,11 @@ def main(argv):
         f"peak memory {res['peak_memory_bytes'] / 2**20:.1f} MiB ({res['peak_memory_source']})"
     )
     if roof is not None:
+        pct, peak = 100 * roof["fraction_of_peak"], roof["matmul_peak_gflops"]
         print(
             f"roofline: {roof['matmul_flops'] / 1e9:.2f} GFLOP matmul per step -> "
-            f"{roof['achieved_gflops']:.1f} GFLOP/s = {100 * roof['fraction_of_peak']:.0f}% of this "
-            f"machine's matmul peak at the model's shapes ({roof['matmul_peak_gflops']:.1f} GFLOP/s)"
+            f"{roof['achieved_gflops']:.1f} GFLOP/s = {pct:.0f}% of this machine's matmul "
+            f"peak at the model's shapes ({peak:.1f} GFLOP/s)"
         )
     line = json.dumps(res)
     if FLAGS.out:

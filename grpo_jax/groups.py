@@ -257,7 +257,13 @@ def make_collect(
     def part(ref_state, prompts, tokens, logp, mask, member_mask, actions, action_mask, w=None):
         ref = {k: pad_time(x, t) for k, x in ref_terms(ref_state, prompts, tokens).items()}
         ref_dist = ref.get("dist", jnp.zeros(tokens.shape[:2] + (t, 0), jnp.float32))
-        first = None if reference is None else reference.first_logprobs(ref_state, prompts)
+        # the decision point's exact KL: forced parts only (a sampled part has no such point)
+        forced = actions.shape[1] > 0
+        first = (
+            reference.first_logprobs(ref_state, prompts)
+            if reference is not None and forced
+            else None
+        )
         tokens, logp, mask = pad_time(tokens, t), pad_time(logp, t), pad_time(mask, t)
         zeros = jnp.zeros(tokens.shape, jnp.float32)
         return Part(

@@ -1,0 +1,146 @@
+"""The CPU roofline of the GRPO step, before and after a change, in one run.
+
+For each workload below, ``experiments/benchmark.py`` runs in a fresh process on this
+checkout and (``--before=DIR``) on another checkout of the package (its ``grpo_jax`` first on
+PYTHONPATH, this checkout's benchmark script), alternating A B A B over ``--rounds``. Each run
+reports its step time and its roofline (benchmark.roofline: matmul FLOPs counted through the
+traced program, XLA's cost analysis, the machine's matmul peak at the model's shapes).
+
+  git worktree add /tmp/before dee85ed          # the tree before issue 15's changes
+  GRPO_JAX_DATA=/work/shared/data/tinyshakespeare.txt python experiments/roofline.py \\
+      --before=/tmp/before --rounds=2
+
+Workloads: ``trl_step`` (the TRL-comparable step: 8 prompts x G = 8, context 100, horizon 70,
+mu = 1, beta = 0.04, k3 to the frozen initial policy, reward match), ``exhaustive`` and
+``sampled`` (the plain config's own modes, B = 2, mu = 2, exact forward KL to the trigram,
+whose generated tokens/s ratio the issue tracks). Writes ``--out_dir/<name>.json`` and ``.md``.
+"""
+
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from absl import app, flags
+
+FLAGS = flags.FLAGS
+flags.DEFINE_string("before", "", "Another checkout whose grpo_jax is the 'before' side.")
+flags.DEFINE_integer("rounds", 2, "Alternating rounds per workload.", lower_bound=1)
+flags.DEFINE_string("out_dir", "experiments/results", "Where the JSON and markdown go.")
+flags.DEFINE_string("name", "roofline_cpu", "Basename of the results files.")
+
+HERE = Path(__file__).resolve().parent
+TRL_STEP = (
+    "--config=configs/shakespeare.py:sampled --config.group.size=8 "
+    "--config.reference.kind=policy --config.grpo.kl_estimator=k3 --config.reward.terms=match "
+    "--config.grpo.beta=0.04 --config.train.batch_size=8 --config.grpo.num_iterations=1 "
+    "--steps=7 --warmup=2"
+)
+WORKLOADS = {
+    "trl_step": TRL_STEP,
+    "exhaustive": "--config=configs/shakespeare.py --steps=4 --warmup=1",
+    "sampled": "--config=configs/shakespeare.py:sampled --steps=9 --warmup=2",
+}
+
+
+def bench(args: str, pythonpath: str) -> dict:
+    """One benchmark.py process; its last line is the JSON result."""
+    env = {**os.environ, "PYTHONPATH": pythonpath}
+    cmd = [sys.executable, str(HERE / "benchmark.py"), *args.split(), "--breakdown_runs=1"]
+    out = subprocess.run(cmd, env=env, capture_output=True, text=True, check=True)
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def summary(rows: list[dict]) -> dict:
+    """Medians over the rounds of one workload on one side."""
+    med = lambda f: statistics.median(f(r) for r in rows)
+    roof = lambda key: med(lambda r: r["roofline"][key])
+    return {
+        "step_s": med(lambda r: r["median_step_s"]),
+        "tokens_per_s": med(lambda r: r["tokens_per_s"]),
+        "matmul_gflop": roof("matmul_flops") / 1e9,
+        "xla_gflop": roof("xla_flops") / 1e9,
+        "achieved_gflops": roof("achieved_gflops"),
+        "peak_gflops": roof("matmul_peak_gflops"),
+        "fraction_of_peak": roof("fraction_of_peak"),
+        "rounds_step_s": [r["median_step_s"] for r in rows],
+    }
+
+
+def markdown(res: dict) -> str:
+    lines = [
+        f"# CPU roofline of the GRPO step ({res['name']})",
+        "",
+        f"Measured {res['date']} on {res['host']}; jax {res['jax']}; float32; "
+        f"{res['rounds']} alternating rounds per workload (medians). Command: `{res['command']}`.",
+        "",
+        "| workload | side | s/step | generated tokens/s | matmul GFLOP | XLA GFLOP (loops once) "
+        "| achieved GFLOP/s | matmul peak GFLOP/s | of peak |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for w, sides in res["workloads"].items():
+        for side, s in sides.items():
+            lines.append(
+                f"| {w} | {side} | {s['step_s']:.4f} | {s['tokens_per_s']:,.0f} | "
+                f"{s['matmul_gflop']:.2f} | {s['xla_gflop']:.2f} | {s['achieved_gflops']:.1f} | "
+                f"{s['peak_gflops']:.1f} | {100 * s['fraction_of_peak']:.0f} % |"
+            )
+    lines += ["", "Exhaustive ÷ sampled generated tokens/s (the plain config's two modes):", ""]
+    for side, ratio in res["exhaustive_over_sampled"].items():
+        lines.append(f"- {side}: {ratio:.2f}x")
+    lines += ["", res["note"], ""]
+    return "\n".join(lines)
+
+
+def main(argv):
+    if len(argv) > 1:
+        raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+    import jax
+
+    root = str(HERE.parent)
+    sides = {"after": root}
+    if FLAGS.before:
+        sides = {"before": str(Path(FLAGS.before).resolve()), **sides}
+    raw = {w: {s: [] for s in sides} for w in WORKLOADS}
+    for w, args in WORKLOADS.items():
+        for _ in range(FLAGS.rounds):
+            for side, path in sides.items():
+                raw[w][side].append(bench(args, path))
+                print(w, side, f"{raw[w][side][-1]['median_step_s']:.4f} s/step", flush=True)
+    workloads = {w: {s: summary(rows) for s, rows in by.items()} for w, by in raw.items()}
+    ratio = {
+        s: workloads["exhaustive"][s]["tokens_per_s"] / workloads["sampled"][s]["tokens_per_s"]
+        for s in sides
+    }
+    res = {
+        "name": FLAGS.name,
+        "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+        "host": f"{platform.processor() or platform.machine()}, {os.cpu_count()} CPUs",
+        "jax": jax.__version__,
+        "rounds": FLAGS.rounds,
+        "command": " ".join(["python experiments/roofline.py", *sys.argv[1:]]),
+        "sides": sides,
+        "workloads": workloads,
+        "exhaustive_over_sampled": ratio,
+        "raw": raw,
+        "note": (
+            "matmul GFLOP: every dot_general the step executes (scan bodies times their "
+            "length, the backward pass included; measure.step_flops). XLA's cost analysis "
+            "counts a loop body once, so it undercounts a step with a decode loop. The peak "
+            "is the best of this machine's matmuls at the model's own shapes "
+            "(measure.matmul_peak), measured in the same process."
+        ),
+    }
+    out = Path(FLAGS.out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / f"{FLAGS.name}.json").write_text(json.dumps(res, indent=1) + "\n")
+    (out / f"{FLAGS.name}.md").write_text(markdown(res))
+    print(markdown(res))
+
+
+if __name__ == "__main__":
+    app.run(main)
