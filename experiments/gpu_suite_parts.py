@@ -1,0 +1,379 @@
+"""The GPU suite's parts (experiments/gpu_suite.py runs them): each part's sizes (the issue's
+for a GPU, tiny ones for --smoke), the child processes that measure them (benchmark.py,
+trl_grpo.py, scaling.py --one_run, and the probe, which gpu_suite.py runs as
+``--child=probe``), the nominal peak table by device_kind and MFU."""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import sys
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
+SUITE = HERE / "gpu_suite.py"  # the CLI; its --child=probe runs probe() below
+
+# device_kind substring -> nominal dense peak FLOP/s (bf16, tf32, fp32 without tensor cores);
+# the first match wins (so "H100 PCIe" before "H100"). None: no nominal figure (a CPU).
+NOMINAL_PEAKS = (
+    ("H200", {"bfloat16": 989e12, "tf32": 494e12, "float32": 67e12}),
+    ("H100 PCIe", {"bfloat16": 756e12, "tf32": 378e12, "float32": 51e12}),
+    ("H100", {"bfloat16": 989e12, "tf32": 494e12, "float32": 67e12}),  # SXM, "80GB HBM3"
+    ("A100", {"bfloat16": 312e12, "tf32": 156e12, "float32": 19.5e12}),
+)
+# jax_default_matmul_precision values under which float32 matmuls run on tensor cores
+TF32_PRECISIONS = (None, "", "default", "fastest", "tensorfloat32", "high", "bfloat16")
+
+# The TRL-comparable GRPO step (experiments/benchmark.py's docstring; versus_trl.py's work)
+STEP = {
+    "group.size": 8,
+    "reference.kind": "policy",
+    "grpo.kl_estimator": "k3",
+    "reward.terms": "match",
+    "grpo.beta": 0.04,
+    "train.batch_size": 8,
+    "grpo.num_iterations": 1,
+}
+LARGE = {
+    **STEP,
+    "model.num_layers": 12,
+    "model.num_heads": 12,
+    "model.d_model": 768,
+    "model.dtype": "bfloat16",
+    "data.context_len": 256,
+    "data.horizon": 128,
+    "group.size": 16,
+    # 16 prompts x 16 members (256 rows per decode step): XLA's CPU buffer plan for this step
+    # is 52 GiB (103 GiB at 32 prompts; the sampled loss is not chunked); out of memory, the
+    # part runs again at LARGE_FALLBACK_BATCH prompts (27 GiB)
+    "train.batch_size": 16,
+}
+LARGE_FALLBACK_BATCH = 8
+
+
+def plan(smoke: bool) -> dict:
+    """Every part's sizes: the issue's for a GPU, tiny ones (same code paths) for --smoke."""
+    return smoke_plan() if smoke else gpu_plan()
+
+
+def gpu_plan() -> dict:
+    """The issue's sizes (one H100)."""
+    return {
+        "dtypes": ("float32", "bfloat16"),
+        "peak_shapes": ((8192, 8192, 8192), (16384, 4096, 4096)),
+        "step": {
+            "variant": "sampled",
+            "overrides": STEP,
+            "dtypes": ("float32", "bfloat16"),
+            "args": ("--warmup=2", "--steps=5", "--breakdown_runs=3"),
+            "timeout": 300,
+        },
+        "trl": {"kwargs": {"steps": 5, "warmup": 2, "device": "auto"}, "timeout": 300},
+        "exhaustive": {
+            "variant": "exhaustive",
+            "args": ("--batch_size=8", "--context_len=100", "--horizon=70"),
+            # (V, rollout chunk, loss chunk, warmup, steps); 0 = all members at once
+            "runs": (
+                (65, 0, 0, 1, 3),
+                (256, 0, 0, 1, 3),
+                (1000, 0, 250, 1, 2),  # CPU buffer plan 12.2 GiB (all at once: 54)
+                (50000, 2500, 25, 0, 1),
+            ),
+            "timeout": 300,
+        },
+        "large": {
+            "variant": "sampled",
+            "overrides": LARGE,
+            "fallback_batch": LARGE_FALLBACK_BATCH,
+            "args": ("--warmup=1", "--steps=3", "--breakdown_runs=2"),
+            "timeout": 420,
+        },
+        "probe_timeout": 300,
+    }
+
+
+def smoke_plan() -> dict:
+    """Tiny sizes on the CPU through the same code paths (--smoke)."""
+    tiny = {"train.batch_size": 2}
+    return {
+        "dtypes": ("float32", "bfloat16"),
+        "peak_shapes": ((256, 256, 256),),
+        "step": {
+            "variant": "tiny,sampled",
+            "overrides": {**STEP, **tiny},
+            # float32 only: benchmark.py in bfloat16 runs in the large part (a CI budget)
+            "dtypes": ("float32",),
+            "args": ("--warmup=1", "--steps=2", "--breakdown_runs=1"),
+            "timeout": 240,
+        },
+        "trl": {
+            "kwargs": {
+                "steps": 1,
+                "warmup": 1,
+                "device": "cpu",
+                "batch_prompts": 2,
+                "group": 2,
+                "context": 16,
+                "horizon": 8,
+                "layers": 1,
+                "heads": 2,
+                "width": 32,
+            },
+            "timeout": 240,
+        },
+        "exhaustive": {
+            "variant": "exhaustive,tiny",
+            "args": ("--batch_size=2", "--context_len=16", "--horizon=8", "--corpus_len=4000"),
+            "runs": ((65, 0, 0, 0, 1), (256, 32, 32, 0, 1)),
+            "timeout": 240,
+        },
+        "large": {
+            "variant": "tiny,sampled",
+            "overrides": {
+                **LARGE,
+                **tiny,
+                "model.num_layers": 2,
+                "model.num_heads": 2,
+                "model.d_model": 64,
+                "data.context_len": 32,
+                "data.horizon": 16,
+                "group.size": 4,
+            },
+            "args": ("--warmup=1", "--steps=2", "--breakdown_runs=1"),
+            "timeout": 240,
+        },
+        "probe_timeout": 240,
+    }
+
+
+# ---------------------------------------------------------------------------------------
+# the probe: gpu_suite.py --child=probe, in its own process
+
+
+def load_config(variant: str, overrides: dict):
+    """The packaged Shakespeare config (what ``--config=configs/shakespeare.py:<variant>``
+    loads) with ``overrides`` ({"a.b": value}) applied, as benchmark.py's flags apply them."""
+    from grpo_jax.configs.shakespeare import get_config
+
+    config = get_config(variant)
+    config.update_from_flattened_dict(dict(overrides))
+    return config
+
+
+def half_flops(variant: str, overrides: dict) -> dict:
+    """Matmul FLOPs of ``step.rollout`` and ``step.update`` (on the rollout's batch) of the
+    task benchmark.py builds from the same config (one device, plain jit: the same program)."""
+    import jax
+    import jax.numpy as jnp
+    from measure import step_flops
+
+    from grpo_jax import trainer
+    from grpo_jax.tasks import build_task
+
+    config = load_config(variant, overrides)
+    # its held-out evaluation is no part of the step: keep it small, fit no n-gram baselines
+    config.eval.num_windows = min(config.eval.num_windows, 8)
+    config.eval.ngram_baselines = ()
+    task = build_task(config, "train")
+    # the FLOPs depend on shapes alone: zeros of trainer.initial_params's shapes (no eager
+    # init, which costs seconds per model on a CPU)
+    shapes = jax.eval_shape(lambda: trainer.initial_params(config, task))
+    params = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), shapes)
+    step, inputs = task.build(params)
+    state = task.make_state(params)
+    batch = jax.eval_shape(step.rollout, state, inputs)  # shapes suffice for the count
+    return {
+        "rollout_matmul_flops": step_flops(step.rollout, state, inputs)["matmul_flops"],
+        "update_matmul_flops": step_flops(step.update, state, inputs, batch, None)["matmul_flops"],
+        "tokens_per_step": int(task.tokens_per_step),
+    }
+
+
+def probe(spec: dict) -> dict:
+    """The device, versions, matmul precision, measured peaks and the halves' FLOPs."""
+    import jax
+    import jaxlib
+    from measure import matmul_peak
+
+    dev = jax.devices()[0]
+    precision = jax.config.jax_default_matmul_precision
+    out = {
+        "device_kind": dev.device_kind,
+        "platform": dev.platform,
+        "device_count": jax.device_count(),
+        "jax": jax.__version__,
+        "jaxlib": jaxlib.__version__,
+        "default_matmul_precision": precision,
+        "float32_matmuls": (
+            f"jax_default_matmul_precision={precision} (DEFAULT: XLA may run float32 "
+            "matmuls on TF32 tensor cores; the measured float32 peak shows whether it does)"
+            if dev.platform == "gpu" and precision in TF32_PRECISIONS
+            else f"jax_default_matmul_precision={precision}"
+        ),
+        "xla_flags": os.environ.get("XLA_FLAGS", ""),
+        "memory_bytes_limit": (dev.memory_stats() or {}).get("bytes_limit"),
+        "measured_peak": {},
+        "halves": {},
+    }
+    for dtype in spec["dtypes"]:
+        by_shape, best = matmul_peak([tuple(s) for s in spec["peak_shapes"]], dtype)
+        out["measured_peak"][dtype] = {"flops_per_s": best * 1e9, "gflops_by_shape": by_shape}
+    for name, (variant, overrides) in spec["halves"].items():
+        try:
+            out["halves"][name] = half_flops(variant, overrides)
+        except Exception as e:  # recorded (the suite then exits 1), the device info kept
+            out["halves"][name] = {"error": f"{type(e).__name__}: {e}"[:300]}
+    return out
+
+
+# ---------------------------------------------------------------------------------------
+# MFU
+
+
+def nominal_peak(device_kind: str, dtype: str, precision) -> float | None:
+    for key, peaks in NOMINAL_PEAKS:
+        if key in device_kind:
+            if dtype == "float32":
+                return peaks["tf32" if precision in TF32_PRECISIONS else "float32"]
+            return peaks.get(dtype)
+    return None
+
+
+def nominal_of(info: dict, dtype: str) -> float | None:
+    return nominal_peak(info.get("device_kind", ""), dtype, info.get("default_matmul_precision"))
+
+
+def utilisation(flops, seconds, dtype: str, info: dict) -> dict:
+    """MFU against the nominal and the measured peak (None where either is unknown)."""
+    if not flops or not seconds:
+        return {"mfu_nominal": None, "mfu_measured": None}
+    rate = flops / seconds
+    nominal = nominal_of(info, dtype)
+    measured = info.get("measured_peak", {}).get(dtype, {}).get("flops_per_s")
+    return {
+        "achieved_flops_per_s": rate,
+        "nominal_peak_flops_per_s": nominal,
+        "measured_peak_flops_per_s": measured,
+        "mfu_nominal": rate / nominal if nominal else None,
+        "mfu_measured": rate / measured if measured else None,
+    }
+
+
+# ---------------------------------------------------------------------------------------
+# the jobs: one child process each ({part, key, cmd, timeout[, shown]})
+
+TRL_CHILD = """
+import json, sys
+sys.path.insert(0, sys.argv[1])
+try:
+    import datasets, torch, transformers, trl  # noqa: F401
+except ImportError as e:  # not installed here: the part is skipped, not failed
+    print(json.dumps({"skipped": f"{type(e).__name__}: {e}"}))
+    raise SystemExit(0)
+from trl_grpo import run
+print(json.dumps(run(**json.loads(sys.argv[2]))))
+"""
+
+
+def shown(cmd: list, trl_python: str) -> str:
+    """A child's command as a person runs it from the repo root."""
+    parts = ["python" if c in (sys.executable, trl_python) else c for c in cmd]
+    parts = [str(Path(c).relative_to(ROOT)) if c.startswith(str(ROOT)) else c for c in parts]
+    return shlex.join(parts)
+
+
+def config_args(variant: str, overrides: dict) -> list:
+    args = [f"--config=configs/shakespeare.py:{variant}"]
+    return args + [f"--config.{k}={v}" for k, v in overrides.items()]
+
+
+def bench_job(part: str, cfg: dict, dtype: str) -> dict:
+    overrides = {**cfg["overrides"], "model.dtype": dtype}
+    cmd = [sys.executable, str(HERE / "benchmark.py"), *config_args(cfg["variant"], overrides)]
+    return {"part": part, "key": dtype, "cmd": [*cmd, *cfg["args"]], "timeout": cfg["timeout"]}
+
+
+def jobs_of(p: dict, parts, trl_python: str) -> list:
+    """Every child of the run, in the order a GPU runs them (the probe first); the TRL part's
+    in ``trl_python``."""
+    jobs = [probe_job(p, parts)]
+    if "step" in parts:
+        jobs += [bench_job("step", p["step"], d) for d in p["step"]["dtypes"]]
+    if "trl" in parts:
+        jobs += trl_jobs(p, trl_python)
+    if "exhaustive" in parts:
+        jobs += exhaustive_jobs(p["exhaustive"])
+    if "large" in parts:
+        jobs.append(large_job(p["large"]))
+    return jobs
+
+
+def probe_job(p: dict, parts) -> dict:
+    """The probe (gpu_suite.py --child=probe), with the halves whose FLOPs the parts want."""
+    halves = {}
+    if "step" in parts:
+        for d in p["step"]["dtypes"]:
+            halves[f"step_{d}"] = (
+                p["step"]["variant"],
+                {**p["step"]["overrides"], "model.dtype": d},
+            )
+    if "large" in parts:
+        halves["large"] = (p["large"]["variant"], p["large"]["overrides"])
+        if p["large"].get("fallback_batch"):
+            fallback = {**p["large"]["overrides"], "train.batch_size": p["large"]["fallback_batch"]}
+            halves["large_fallback"] = (p["large"]["variant"], fallback)
+    spec = {"dtypes": p["dtypes"], "peak_shapes": p["peak_shapes"], "halves": halves}
+    cmd = [sys.executable, str(SUITE), "--child=probe"]
+    return {
+        "part": "probe",
+        "key": "device",
+        "cmd": [*cmd, f"--child_spec={json.dumps(spec)}"],
+        "timeout": p["probe_timeout"],
+    }
+
+
+def trl_jobs(p: dict, trl_python: str) -> list:
+    jobs = []
+    for d in p["dtypes"]:
+        kwargs = {**p["trl"]["kwargs"], "dtype": d}
+        run = [trl_python, str(HERE / "trl_grpo.py")]  # the same run, by its CLI
+        jobs.append(
+            {
+                "part": "trl",
+                "key": d,
+                "timeout": p["trl"]["timeout"],
+                "cmd": [trl_python, "-c", TRL_CHILD, str(HERE), json.dumps(kwargs)],
+                "shown": shown(run, trl_python)
+                + " "
+                + " ".join(f"--{k}={v}" for k, v in kwargs.items()),
+            }
+        )
+    return jobs
+
+
+def exhaustive_jobs(cfg: dict) -> list:
+    base = [
+        sys.executable,
+        str(HERE / "scaling.py"),
+        "--reference=policy",
+        "--kl_estimator=k3",
+        f"--config=configs/shakespeare.py:{cfg['variant']}",
+        *cfg["args"],
+    ]
+    jobs = []
+    for v, chunk, loss_chunk, warmup, steps in cfg["runs"]:
+        one = [f"--warmup={warmup}", f"--steps={steps}", f"--one_run={v}:{chunk}:{loss_chunk}@run"]
+        jobs.append(
+            {"part": "exhaustive", "key": str(v), "cmd": [*base, *one], "timeout": cfg["timeout"]}
+        )
+    return jobs
+
+
+def large_job(cfg: dict) -> dict:
+    job = bench_job("large", cfg, cfg["overrides"]["model.dtype"])
+    if cfg.get("fallback_batch"):  # run only if the first runs out of memory
+        overrides = {**cfg["overrides"], "train.batch_size": cfg["fallback_batch"]}
+        job["fallback"] = bench_job("large", {**cfg, "overrides": overrides}, job["key"])
+    return job
