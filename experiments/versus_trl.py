@@ -33,6 +33,8 @@ import subprocess
 import sys
 import time
 
+from trl_grpo import cpu_name  # stdlib-only at import: torch loads inside its run()
+
 HERE = pathlib.Path(__file__).resolve().parent
 ROOT = HERE.parent
 
@@ -154,17 +156,6 @@ def shell_line(cmd: list[str], data: str) -> str:
     rel = [os.path.relpath(c, ROOT) if c.startswith(str(ROOT) + os.sep) else c for c in cmd]
     rel[0] = "python" if rel[0] == sys.executable else rel[0]
     return f"GRPO_JAX_DATA={data} " + shlex.join(rel)
-
-
-def cpu_name() -> str:
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
 
 
 def git_state() -> dict:
