@@ -77,7 +77,7 @@ def _sub_jaxprs(eqn):
     """(jaxpr, multiplier) of every sub-computation of one equation."""
     name, p = eqn.primitive.name, eqn.params
     if name == "cond":  # one branch runs: the most expensive one bounds it
-        return [(max(p["branches"], key=lambda b: matmul_flops_of(b.jaxpr)), 1)]
+        return [(max((br.jaxpr for br in p["branches"]), key=matmul_flops_of), 1)]
     times = p["length"] if name == "scan" else 1
     if name == "shard_map":  # the body sees one device's block; every device runs it
         times = p["mesh"].size

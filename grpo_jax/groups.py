@@ -227,7 +227,7 @@ def make_collect(
     member_map=None,
     classes=None,
     completion_fields=(),
-    reference_needs=frozenset({"token"}),
+    reference_needs=frozenset(),
 ):
     """Returns collect(params, ref_state, prompts, key) -> (parts, info) (pure).
 
@@ -235,8 +235,8 @@ def make_collect(
     uses it to shard_map the member axis over the mesh's member axis); ``classes`` [V] are
     the token classes of group.mode=hierarchical (candidates.token_classes);
     ``completion_fields``: the prompt fields that branch_prompts shifts;
-    ``reference_needs``: what the parts carry of π_ref (make_reference_terms; the decision
-    point's [B, V] always, when there is a reference)."""
+    ``reference_needs``: what the parts carry of π_ref per token (make_reference_terms); a
+    forced part also carries the reference at its decision point, [B, V]."""
     g, sp = spec, spec.sampling
     t, v = policy.completion_length, policy.vocab_size
     ref_terms = make_reference_terms(reference, reference_needs, g.loss_chunk or g.vocab_chunk)

@@ -106,9 +106,14 @@ def make_loss(spec: ObjectiveSpec, group: GroupSpec, policy: Policy, reference: 
             return exact_kl(lp, jax.lax.stop_gradient(ref_dist()))
         return objective.kl_estimate(logp, ref_tok, gr.kl_estimator)
 
-    def carried(part: Part) -> bool:
-        """The part carries the reference's distribution (a reward term read it): reuse it."""
-        return part.ref_logp.shape[-1] > 0
+    def reference_dist(ref_state, part: Part, tokens, carried, start):
+        """A thunk for the reference's log-probs at completion positions start.. of ``tokens``:
+        ``carried`` (the part's own [.., V] slice, when a reward term asked the rollout for
+        the distribution) or the reference's forward on these very tokens, run only if an
+        exact estimator calls it."""
+        if carried.shape[-1]:
+            return lambda: carried
+        return lambda: reference.logprobs(ref_state, part.prompts, tokens)[:, :, start:]
 
     def agg_weights(mask):
         """Per-token weights w with agg(x, mask) == Σ x·w for every x. Every aggregation is
@@ -123,10 +128,7 @@ def make_loss(spec: ObjectiveSpec, group: GroupSpec, policy: Policy, reference: 
         old = jnp.where(first_iter, jax.lax.stop_gradient(logp), old_logp)
         tok_mask = part.token_mask
         pg, m = surrogate_terms(logp, old, part.advantages, tok_mask)
-        if carried(part):
-            ref_dist = lambda: part.ref_logp
-        else:
-            ref_dist = lambda: reference.logprobs(ref_state, part.prompts, part.tokens)
+        ref_dist = reference_dist(ref_state, part, part.tokens, part.ref_logp, 0)
         kl = agg(kl_terms(lp_all, logp, part.ref_token_logp, ref_dist), tok_mask)
         ent = agg(entropy(lp_all), tok_mask)
         return pg, kl, ent, jnp.mean(part.member_mask.max(1)), m, logp
@@ -157,10 +159,7 @@ def make_loss(spec: ObjectiveSpec, group: GroupSpec, policy: Policy, reference: 
             old = jnp.where(first_iter, jax.lax.stop_gradient(logp), old_c)
             wsum = lambda x: jnp.sum(jnp.where(w_c != 0, x, 0.0) * w_c, axis=-1)
             pg = wsum(objective.clipped_surrogate(logp, old, adv_c, eps, eps_high))
-            if carried(part):
-                ref_dist = lambda: ref_lp_c
-            else:
-                ref_dist = lambda: reference.logprobs(ref_state, part.prompts, tokens)[:, :, 1:]
+            ref_dist = reference_dist(ref_state, part, tokens, ref_lp_c, 1)
             kl = wsum(kl_terms(lp, logp, ref_tok_c, ref_dist))
             return pg, kl, wsum(entropy(lp)), logp
 
