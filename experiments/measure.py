@@ -90,18 +90,21 @@ def _sub_jaxprs(eqn):
     return out
 
 
-def matmul_flops_of(jaxpr) -> int:
+def matmul_flops_of(jaxpr, batched: bool | None = None) -> int:
     """Matmul FLOPs (2·M·N·K per dot_general) a jaxpr executes, loops included: a scan's
-    body counts ``length`` times (a while loop's once: its trip count is not static)."""
+    body counts ``length`` times (a while loop's once: its trip count is not static).
+    ``batched``: None counts every dot_general, True only those with batch dimensions
+    (attention's scores and values), False only those without (the dense layers)."""
     total = 0
     for eqn in jaxpr.eqns:
         if eqn.primitive.name == "dot_general":
-            (lc, _), _ = eqn.params["dimension_numbers"]
+            (lc, _), (lb, _) = eqn.params["dimension_numbers"]
             lhs = eqn.invars[0].aval.shape
             contracted = math.prod(lhs[d] for d in lc)
-            total += 2 * math.prod(eqn.outvars[0].aval.shape) * contracted
+            if batched is None or batched == bool(lb):
+                total += 2 * math.prod(eqn.outvars[0].aval.shape) * contracted
         for sub, times in _sub_jaxprs(eqn):
-            total += times * matmul_flops_of(sub)
+            total += times * matmul_flops_of(sub, batched)
     return total
 
 

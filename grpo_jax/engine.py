@@ -145,6 +145,7 @@ def make_grpo_step(
         dev = tuple(rewards.device_values(device_terms, inputs.reward_state, p) for p in parts)
         return Batch(parts, dev, info)
 
+    @jax.named_scope("rollout")  # named scopes label the step's stages in a profile
     def rollout(state: TrainState, inputs: StepInputs) -> Batch:
         key = jax.random.fold_in(state.rng, state.step)
         k_data, k_roll = jax.random.split(key)
@@ -184,6 +185,7 @@ def make_grpo_step(
             term_returns[i] = (values, valid)
         return tuple(scored), term_returns
 
+    @jax.named_scope("update")
     def update(state: TrainState, inputs: StepInputs, batch: Batch, host_out=None):
         parts, term_returns = score(batch, host_out)
         grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
@@ -193,7 +195,8 @@ def make_grpo_step(
             (_, (m, logps)), grads = grad_fn(
                 params, parts, old, i == 0, forced_flags, inputs.ref_state
             )
-            updates, opt_state = tx.update(grads, opt_state, params)
+            with jax.named_scope("optimizer"):
+                updates, opt_state = tx.update(grads, opt_state, params)
             m["grad_norm"] = optax.tree.norm(grads)
             # π_old stays the sampling policy's: iteration 0's log-probs, never replaced
             old = jax.tree.map(lambda new, prev: jnp.where(i == 0, new, prev), logps, old)

@@ -208,6 +208,7 @@ def make_reference_terms(reference: Reference | None, needs: frozenset, chunk: i
     if reference is None or not needs:
         return lambda ref_state, prompts, tokens: {}
 
+    @jax.named_scope("reference")
     def one_chunk(ref_state, prompts, tokens):
         lp = jax.lax.stop_gradient(reference.logprobs(ref_state, prompts, tokens))
         out = {"dist": lp} if "dist" in needs else {}

@@ -113,7 +113,9 @@ def make_loss(spec: ObjectiveSpec, group: GroupSpec, policy: Policy, reference: 
         exact estimator calls it."""
         if carried.shape[-1]:
             return lambda: carried
-        return lambda: reference.logprobs(ref_state, part.prompts, tokens)[:, :, start:]
+        return jax.named_scope("reference")(
+            lambda: reference.logprobs(ref_state, part.prompts, tokens)[:, :, start:]
+        )
 
     def agg_weights(mask):
         """Per-token weights w with agg(x, mask) == Σ x·w for every x. Every aggregation is

@@ -34,3 +34,18 @@ def test_scan_bodies_count_their_trip_count_and_match_xla_unrolled():
     assert 30 * one <= want["xla_flops"] < 31 * one
     # ...and rolled, the loop bodies once: the undercount benchmark.py reports beside ours
     assert got["xla_flops"] < 4 * one
+
+
+def test_batched_and_dense_matmuls_are_counted_apart():
+    """Attention's batched dots and the dense layers' dots, split as profile_step reports them."""
+    from measure import matmul_flops_of
+
+    def f(x, w, q, k):
+        return jnp.sum(x @ w) + jnp.sum(jnp.einsum("bqd,bkd->bqk", q, k))
+
+    args = jnp.ones((16, 32)), jnp.ones((32, 8)), jnp.ones((4, 5, 6)), jnp.ones((4, 7, 6))
+    jaxpr = jax.make_jaxpr(f)(*args).jaxpr
+    dense, batched = 2 * 16 * 32 * 8, 2 * 4 * 5 * 7 * 6
+    assert matmul_flops_of(jaxpr, batched=False) == dense
+    assert matmul_flops_of(jaxpr, batched=True) == batched
+    assert matmul_flops_of(jaxpr) == dense + batched

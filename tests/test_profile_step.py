@@ -1,0 +1,125 @@
+"""experiments/profile_step.py: HLO parsing, classification and the trace's thunk times, on a
+small program whose instructions are known (a dense matmul, a batched one inside a scan under
+the "rollout" scope, a transpose)."""
+
+import sys
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "experiments"))
+import profile_step as P
+
+LOOP = 5
+
+
+def _program(x, w, q, k):
+    """A dense matmul, then a scan of LOOP pairs of batched matmuls (scores [16, 8, 24] and
+    values [16, 8, 32]) named like the engine's rollout."""
+    y = jnp.tanh(x @ w)
+
+    @jax.named_scope("rollout")
+    def loop(q):
+        body = lambda c, _: (jnp.tanh(jnp.einsum("bqd,bkd->bqk", c, k) @ k), None)
+        return jax.lax.scan(body, q, None, length=LOOP)[0]
+
+    return jnp.sum(y) + jnp.sum(loop(q)), y.T + 1.0
+
+
+@pytest.fixture(scope="module")
+def profiled():
+    args = (jnp.ones((64, 128)), jnp.full((128, 96), 0.01), jnp.ones((16, 8, 32)),
+            jnp.full((16, 24, 32), 0.01))  # fmt: skip
+    compiled = jax.jit(_program).lower(*args).compile()
+    jax.block_until_ready(compiled(*args))
+    trace_dir, wall = P.traced(lambda: jax.block_until_ready(compiled(*args)), steps=3)
+    instrs = P.parse_hlo(compiled.as_text())
+    return instrs, P.thunk_times(trace_dir, instrs, steps=3), wall
+
+
+def test_instructions_are_classified_by_kind_and_stage(profiled):
+    instrs, times, _ = profiled
+    kinds = {}
+    for name in times:
+        kinds.setdefault(P.kind_of(name, instrs[name]), []).append(name)
+    # one dense [64, 128] x [128, 96] matmul (the tanh may be fused with it)
+    dense = [n for n in kinds["matmul"] if instrs[n]["shape"].startswith("f32[64,96]")]
+    assert len(dense) == 1
+    assert P.stage_of(instrs[dense[0]]["op_name"]) == "other"  # outside any engine scope
+    # the loop's batched matmul: named by its own op_name or its while loop's
+    (bmm,) = [n for n in kinds["batched matmul"] if instrs[n]["shape"].startswith("f32[16,8,24]")]
+    assert P.stage_of(instrs[bmm]["op_name"]).startswith("rollout")
+    assert times[bmm][1] == pytest.approx(LOOP)  # calls per step: the scan's trip count
+    assert "layout" in kinds  # y.T materialised
+    assert not {instrs[n]["opcode"] for n in times} & P.CONTROL  # loops are not summed
+
+
+def test_stage_rules_follow_the_engine_scopes_and_transformations():
+    assert P.stage_of("jit(fused)/rollout/reference/Transformer.extend/blocks_0/fc") == (
+        "rollout: reference"
+    )
+    assert P.stage_of("jit(fused)/rollout/while/body/Transformer.decode/blocks_1/qkv") == (
+        "rollout: decode loop"
+    )
+    assert P.stage_of("transpose(jvp(Transformer.extend))/blocks_0/fc") == "update: backward"
+    assert P.stage_of("jit(fused)/update/while/body/jvp(Transformer.extend)/x") == (
+        "update: forward"
+    )
+    assert P.stage_of("jit(fused)/update/while/body/optimizer/mul") == "update: optimizer"
+    assert P.stage_of("") == "other"
+
+
+def test_summary_adds_up_and_the_markdown_names_every_stage(profiled):
+    instrs, times, wall = profiled
+    res = P.summarise(instrs, times, wall, top=3)
+    total = sum(ms for ms, _ in times.values())
+    assert res["thunk_ms_per_step"] == pytest.approx(total)
+    assert sum(res["by_kind"].values()) == pytest.approx(total)
+    assert sum(sum(r.values()) for r in res["by_stage_and_kind"].values()) == pytest.approx(total)
+    assert [r["thunk_ms"] for r in res["top"]] == sorted(
+        (ms for ms, _ in times.values()), reverse=True
+    )[:3]
+    res.update(name="t", when="now", machine="m", device="d", jax=jax.__version__,
+               dtype="float32", command="c", steps=3,
+               matmul_gflop_per_step={"matmul": 1.0, "batched matmul": 0.5})  # fmt: skip
+    md = P.markdown(res)
+    for stage in res["by_stage"]:
+        assert f"| {stage} |" in md
+    assert "67 % of the matmul FLOPs" in md
+
+
+HLO = """
+%body.1 (p: (s32[], f32[4,1,8])) -> (s32[], f32[4,1,8]) {
+  %p = (s32[], f32[4,1,8]) parameter(0)
+  %dot.7 = f32[4,1,8]{2,1,0} dot(%a, %b), lhs_batch_dims={0}, lhs_contracting_dims={2}, rhs_batch_dims={0}, rhs_contracting_dims={1}
+  ROOT %tuple.9 = (s32[], f32[4,1,8]) tuple(%i, %dot.7)
+}
+
+%fused_computation.4 (param_0: f32[4,8]) -> f32[8,4] {
+  %param_0 = f32[4,8]{1,0} parameter(0)
+  ROOT %transpose.5 = f32[8,4]{1,0} transpose(%param_0), dimensions={1,0}
+}
+
+ENTRY %main.2 (x: f32[4,8]) -> f32[8,4] {
+  %while.3 = (s32[], f32[4,1,8]{2,1,0}) while(%tuple.1), condition=%cond.1, body=%body.1, metadata={op_name="jit(fused)/rollout/while"}
+  ROOT %transpose_copy_fusion.4 = f32[8,4]{1,0} fusion(%x), kind=kLoop, calls=%fused_computation.4, metadata={op_name="jit(fused)/update/while/body/jvp(f)/transpose"}
+}
+"""  # noqa: E501  (an HLO module's lines as XLA prints them)
+
+
+def test_an_unnamed_loop_body_instruction_takes_its_loops_name():
+    """XLA drops the op_name of some decode-loop instructions: they inherit the while's, and
+    a tuple-shaped instruction (with spaces in its shape) still parses."""
+    instrs = P.parse_hlo(HLO)
+    dot = instrs["dot.7"]
+    assert dot["op_name"] == "jit(fused)/rollout/while"
+    assert P.kind_of("dot.7", dot) == "batched matmul"
+    assert P.stage_of(dot["op_name"]) == "rollout: decode loop"
+    assert instrs["while.3"]["opcode"] == "while"
+    assert instrs["while.3"]["shape"] == "(s32[], f32[4,1,8]{2,1,0})"
+    fusion = instrs["transpose_copy_fusion.4"]
+    assert fusion["body"] == ["parameter", "transpose"]
+    assert P.kind_of("transpose_copy_fusion.4", fusion) == "layout"
+    assert P.stage_of(fusion["op_name"]) == "update: forward"
