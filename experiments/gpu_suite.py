@@ -30,6 +30,11 @@ a part that fails or times out is recorded as such and the others still run):
   G = 16 (8 prompts if that runs out of memory), bfloat16 compute, through benchmark.py:
   MFU of the rollout and of the update separately (benchmark.py's ``breakdown`` times; the
   probe's FLOPs of each half).
+- ``profile``: ``experiments/profile_step.py`` on the step above in bfloat16: a jax.profiler
+  trace, busy time by stage (rollout's decode loop, reference, update's forward / backward) and
+  by kind of work (dense and batched matmuls, elementwise, layout), and each matmul kind's
+  FLOP rate. On a GPU it reads the device tracks' kernels (by their ``hlo_op``); it has only
+  ever run on a CPU.
 
 MFU = matmul FLOPs (every dot_general executed, loops and the backward pass's recomputation
 included) / time / peak, against both the device's nominal dense peak for the dtype (a table
@@ -39,9 +44,9 @@ exhaustive V <= 1,000 >= 20x faster and >= 5x less memory than the guide; V = 50
 <= 60 s per iteration within 80 GB; rollout MFU >= 20 % on the large model; the whole suite
 in under 8 minutes. Each is reported as value, threshold and met (true / false / "n/a").
 
-This file is the CLI (flags, running the children, main); each part's sizes, commands, the
-probe and MFU are in gpu_suite_parts.py, the figures, targets, JSON and markdown in
-gpu_suite_report.py.
+This file is the CLI (flags, running the children, main); each part's sizes are in
+gpu_suite_plan.py, the commands, the probe and MFU in gpu_suite_parts.py, the figures, targets
+and JSON in gpu_suite_report.py, the markdown in gpu_suite_markdown.py.
 
 Writes ``<out_dir>/gpu_suite_<device>.json`` and ``.md`` (``--name`` overrides the
 basename), rewritten after every measurement (``"complete": false`` until the end, so a run
@@ -102,10 +107,11 @@ ROOT = HERE.parent
 sys.path.insert(0, str(HERE))  # measure.py, trl_grpo.py, gpu_suite_*.py beside this file
 
 import gpu_suite_report as report  # noqa: E402
-from gpu_suite_parts import jobs_of, plan, probe, shown  # noqa: E402
+from gpu_suite_parts import jobs_of, probe, shown  # noqa: E402
+from gpu_suite_plan import plan  # noqa: E402
 
 FLAGS = flags.FLAGS
-PARTS = ("step", "trl", "exhaustive", "large")
+PARTS = ("step", "trl", "exhaustive", "large", "profile")
 flags.DEFINE_bool("smoke", False, "Every part at tiny sizes on the CPU (seconds, not minutes).")
 flags.DEFINE_list("parts", list(PARTS), f"Parts to run, of {', '.join(PARTS)} (probe always).")
 flags.DEFINE_string(

@@ -1,6 +1,6 @@
-"""The GPU suite's parts (experiments/gpu_suite.py runs them): each part's sizes (the issue's
-for a GPU, tiny ones for --smoke), the child processes that measure them (benchmark.py,
-trl_grpo.py, scaling.py --one_run, and the probe, which gpu_suite.py runs as
+"""The GPU suite's parts (experiments/gpu_suite.py runs them; their sizes are in
+gpu_suite_plan.py): the child processes that measure them (benchmark.py, trl_grpo.py,
+scaling.py --one_run, profile_step.py, and the probe, which gpu_suite.py runs as
 ``--child=probe``), the nominal peak table by device_kind and MFU."""
 
 from __future__ import annotations
@@ -25,128 +25,6 @@ NOMINAL_PEAKS = (
 )
 # jax_default_matmul_precision values under which float32 matmuls run on tensor cores
 TF32_PRECISIONS = (None, "", "default", "fastest", "tensorfloat32", "high", "bfloat16")
-
-# The TRL-comparable GRPO step (experiments/benchmark.py's docstring; versus_trl.py's work)
-STEP = {
-    "group.size": 8,
-    "reference.kind": "policy",
-    "grpo.kl_estimator": "k3",
-    "reward.terms": "match",
-    "grpo.beta": 0.04,
-    "train.batch_size": 8,
-    "grpo.num_iterations": 1,
-}
-LARGE = {
-    **STEP,
-    "model.num_layers": 12,
-    "model.num_heads": 12,
-    "model.d_model": 768,
-    "model.dtype": "bfloat16",
-    "data.context_len": 256,
-    "data.horizon": 128,
-    "group.size": 16,
-    # 16 prompts x 16 members (256 rows per decode step): XLA's CPU buffer plan for this step
-    # is 52 GiB (103 GiB at 32 prompts; the sampled loss is not chunked); out of memory, the
-    # part runs again at LARGE_FALLBACK_BATCH prompts (27 GiB)
-    "train.batch_size": 16,
-}
-LARGE_FALLBACK_BATCH = 8
-
-
-def plan(smoke: bool) -> dict:
-    """Every part's sizes: the issue's for a GPU, tiny ones (same code paths) for --smoke."""
-    return smoke_plan() if smoke else gpu_plan()
-
-
-def gpu_plan() -> dict:
-    """The issue's sizes (one H100)."""
-    return {
-        "dtypes": ("float32", "bfloat16"),
-        "peak_shapes": ((8192, 8192, 8192), (16384, 4096, 4096)),
-        "step": {
-            "variant": "sampled",
-            "overrides": STEP,
-            "dtypes": ("float32", "bfloat16"),
-            "args": ("--warmup=2", "--steps=5", "--breakdown_runs=3"),
-            "timeout": 300,
-        },
-        "trl": {"kwargs": {"steps": 5, "warmup": 2, "device": "auto"}, "timeout": 300},
-        "exhaustive": {
-            "variant": "exhaustive",
-            "args": ("--batch_size=8", "--context_len=100", "--horizon=70"),
-            # (V, rollout chunk, loss chunk, warmup, steps); 0 = all members at once
-            "runs": (
-                (65, 0, 0, 1, 3),
-                (256, 0, 0, 1, 3),
-                (1000, 0, 250, 1, 2),  # CPU buffer plan 12.2 GiB (all at once: 54)
-                (50000, 2500, 25, 0, 1),
-            ),
-            "timeout": 300,
-        },
-        "large": {
-            "variant": "sampled",
-            "overrides": LARGE,
-            "fallback_batch": LARGE_FALLBACK_BATCH,
-            "args": ("--warmup=1", "--steps=3", "--breakdown_runs=2"),
-            "timeout": 420,
-        },
-        "probe_timeout": 300,
-    }
-
-
-def smoke_plan() -> dict:
-    """Tiny sizes on the CPU through the same code paths (--smoke)."""
-    tiny = {"train.batch_size": 2}
-    return {
-        "dtypes": ("float32", "bfloat16"),
-        "peak_shapes": ((256, 256, 256),),
-        "step": {
-            "variant": "tiny,sampled",
-            "overrides": {**STEP, **tiny},
-            # float32 only: benchmark.py in bfloat16 runs in the large part (a CI budget)
-            "dtypes": ("float32",),
-            "args": ("--warmup=1", "--steps=2", "--breakdown_runs=1"),
-            "timeout": 240,
-        },
-        "trl": {
-            "kwargs": {
-                "steps": 1,
-                "warmup": 1,
-                "device": "cpu",
-                "batch_prompts": 2,
-                "group": 2,
-                "context": 16,
-                "horizon": 8,
-                "layers": 1,
-                "heads": 2,
-                "width": 32,
-            },
-            "timeout": 240,
-        },
-        "exhaustive": {
-            "variant": "exhaustive,tiny",
-            "args": ("--batch_size=2", "--context_len=16", "--horizon=8", "--corpus_len=4000"),
-            "runs": ((65, 0, 0, 0, 1), (256, 32, 32, 0, 1)),
-            "timeout": 240,
-        },
-        "large": {
-            "variant": "tiny,sampled",
-            "overrides": {
-                **LARGE,
-                **tiny,
-                "model.num_layers": 2,
-                "model.num_heads": 2,
-                "model.d_model": 64,
-                "data.context_len": 32,
-                "data.horizon": 16,
-                "group.size": 4,
-            },
-            "args": ("--warmup=1", "--steps=2", "--breakdown_runs=1"),
-            "timeout": 240,
-        },
-        "probe_timeout": 240,
-    }
-
 
 # ---------------------------------------------------------------------------------------
 # the probe: gpu_suite.py --child=probe, in its own process
@@ -307,6 +185,12 @@ def jobs_of(p: dict, parts, trl_python: str) -> list:
         jobs += exhaustive_jobs(p["exhaustive"])
     if "large" in parts:
         jobs.append(large_job(p["large"]))
+    if "profile" in parts:
+        cfg = p["profile"]
+        cmd = [sys.executable, str(HERE / "profile_step.py")]
+        cmd += [*config_args(cfg["variant"], cfg["overrides"]), "--out_dir=", *cfg["args"]]
+        dtype = cfg["overrides"]["model.dtype"]
+        jobs.append({"part": "profile", "key": dtype, "cmd": cmd, "timeout": cfg["timeout"]})
     return jobs
 
 

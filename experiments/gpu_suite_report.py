@@ -5,14 +5,14 @@ and the JSON and markdown written after every measurement."""
 from __future__ import annotations
 
 import json
-import math
 import re
 import time
 from pathlib import Path
 
-from gpu_suite_parts import nominal_of, utilisation
+from gpu_suite_markdown import markdown
+from gpu_suite_parts import utilisation
+from gpu_suite_plan import SUITE_BUDGET_S
 
-SUITE_BUDGET_S = 480  # the issue's "under 8 minutes on one H100"
 # the exhaustive-GRPO guide's figures: V -> (seconds per iteration, bytes); None = infeasible
 GUIDE = {65: (6.0, 12e9), 256: (24.0, 48e9), 1000: (95.0, 190e9), 50000: None}
 GPU_MEMORY_TARGET = 80e9  # "within 80 GB"
@@ -96,6 +96,8 @@ def assemble(jobs: list) -> tuple[dict, dict]:
         results["large"] = bench_figures(r, d, halves.get(key), info)
         if "fallback_after" in r:
             results["large"]["fallback_after"] = r["fallback_after"]
+    if "profile" in by_part:
+        results["profile"] = by_part["profile"]
     wall = {part: sum(r.get("wall_s", 0.0) for r in rs.values()) for part, rs in by_part.items()}
     return results, wall
 
@@ -202,208 +204,3 @@ def targets(results: dict, gpu: bool, wall_s: float, smoke: bool) -> dict:
     out["large model: rollout MFU (nominal peak)"]["threshold"] = ">= 20 %"
     out["suite wall time (s)"] = check(wall_s, SUITE_BUDGET_S, "<=")
     return out
-
-
-# ---- markdown
-
-
-def fmt(x, spec=".3g", none="–"):
-    if x is None or (isinstance(x, float) and not math.isfinite(x)):
-        return none
-    return format(x, spec)
-
-
-def pct(x):
-    return fmt(None if x is None else 100 * x, ".1f") + ("" if x is None else " %")
-
-
-def times(x):
-    return "–" if x is None else f"{x:.1f}×"
-
-
-def gib(b):
-    if b is None:
-        return "–"
-    return f"{b / 2**30:.2f} GiB" if b >= 2**28 else f"{b / 2**20:.1f} MiB"
-
-
-def markdown(raw: dict) -> str:
-    """The markdown report of a suite record (the JSON's dict)."""
-    res = raw["results"]
-    lines = overview(raw) + targets_table(raw["targets"])
-    step = res.get("step")
-    if step is not None:
-        lines += step_section(step, raw["smoke"])
-    if res.get("trl") is not None:
-        lines += trl_section(res["trl"], step)
-    if res.get("exhaustive") is not None:
-        lines += exhaustive_section(res["exhaustive"])
-    if res.get("large") is not None:
-        lines += large_section(res["large"])
-    lines += ["", "## Commands", ""]
-    lines += [f"- `{c}`" for c in raw["commands"]]
-    if raw.get("child_env"):
-        lines.append(f"- children's environment: {raw['child_env']}")
-    return "\n".join(lines) + "\n"
-
-
-def overview(raw: dict) -> list:
-    """The title and the run's facts: device, dtypes, peaks, MFU, wall time."""
-    info = raw["device"]
-    return [
-        f"# GPU suite: {info.get('device_kind', '?')}" + (" (smoke)" if raw["smoke"] else ""),
-        "",
-        f"- Device: **{info.get('device_kind', '?')}** ({info.get('platform', '?')}) × "
-        f"{info.get('device_count', '?')}; jax {info.get('jax', '?')}, jaxlib "
-        f"{info.get('jaxlib', '?')}; float32 matmuls: {info.get('float32_matmuls', '?')}.",
-        f"- Dtypes: compute {', '.join(raw['dtypes'])} (params float32); the large model "
-        f"and the exhaustive rows as stated below.",
-        "- Peaks (FLOP/s): measured "
-        + ", ".join(
-            f"{d} {fmt(v['flops_per_s'], '.3e')}" for d, v in info.get("measured_peak", {}).items()
-        )
-        + "; nominal "
-        + ", ".join(f"{d} {fmt(nominal_of(info, d), '.3e')}" for d in raw["dtypes"])
-        + " (dense, by device_kind; – on a CPU).",
-        "- MFU = matmul FLOPs executed (loops and the backward pass's recomputation included) "
-        "/ time / peak, against the nominal and the measured peak.",
-        f"- Total wall time {raw['wall_s']:.0f} s (budget {SUITE_BUDGET_S} s on one H100); "
-        f"{raw['workers']} measurement(s) at a time, each in its own process; per part (its "
-        "processes' wall times added): "
-        + ", ".join(f"{k} {v:.0f} s" for k, v in raw["part_wall_s"].items())
-        + ".",
-        *(
-            []
-            if raw["complete"]
-            else ["- **Partial**: written after each measurement; this run had not finished."]
-        ),
-        "",
-    ]
-
-
-def targets_table(targets: dict) -> list:
-    lines = [
-        "## Targets",
-        "",
-        "| target | value | threshold | met |",
-        "|---|---|---|---|",
-    ]
-    for name, t in targets.items():
-        value = pct(t["value"]) if "MFU" in name else fmt(t["value"])
-        met = {True: "**yes**", False: "no"}.get(t["met"], t["met"])
-        lines.append(f"| {name} | {value} | {t['threshold']} | {met} |")
-    return lines
-
-
-def step_section(step: dict, smoke: bool) -> list:
-    lines = [
-        "",
-        "## GRPO step (8 prompts × G = 8, context 100, horizon 70, μ = 1, β = 0.04, "
-        "frozen-policy k3, reward match; 4×4×128 char GPT)"
-        if not smoke
-        else "## GRPO step (smoke sizes)",
-        "",
-        "| compute dtype | s / step | steps / s | generated tokens / s | peak memory "
-        "| GFLOP / step | MFU (nominal / measured) | rollout s (MFU) | update s (MFU) "
-        "| compile s |",
-        "|---|---|---|---|---|---|---|---|---|---|",
-    ]
-    for d, r in step.items():
-        if "error" in r:
-            lines.append(f"| {d} | {r['error']} | | | | | | | | |")
-            continue
-        u = r["step"]
-        lines.append(
-            f"| {d} | {r['median_step_s']:.4f} | {r['steps_per_s']:.2f} | "
-            f"{r['tokens_per_s']:,.0f} | {gib(r['peak_memory_bytes'])} | "
-            f"{fmt(r['matmul_flops'] and r['matmul_flops'] / 1e9)} | "
-            f"{pct(u['mfu_nominal'])} / {pct(u['mfu_measured'])} | "
-            f"{r['rollout_s']:.4f} ({pct((r.get('rollout') or {}).get('mfu_measured'))}) | "
-            f"{r['update_s']:.4f} ({pct((r.get('update') or {}).get('mfu_measured'))}) | "
-            f"{r['compile_s']:.1f} |"
-        )
-    lines.append("(rollout / update MFU in brackets: against the measured peak.)")
-    return lines
-
-
-def trl_section(trl: dict, step: dict | None) -> list:
-    lines = [
-        "",
-        "## TRL GRPOTrainer, the same work on the same device",
-        "",
-        "| dtype | s / step | generated tokens / s | TRL ÷ grpo_jax (s / step) | versions |",
-        "|---|---|---|---|---|",
-    ]
-    for d, r in trl.items():
-        if "median_step_s" not in r:
-            lines.append(f"| {d} | {r.get('skipped') or r.get('error')} | | | |")
-            continue
-        ours = (step or {}).get(d, {}).get("median_step_s")
-        lines.append(
-            f"| {d} | {r['median_step_s']:.4f} | {r['tokens_per_s']:,.0f} | "
-            f"{fmt(ours and r['median_step_s'] / ours)} | torch {r.get('torch')}, "
-            f"transformers {r.get('transformers')}, trl {r.get('trl')} ({r.get('device')}) |"
-        )
-    return lines
-
-
-def exhaustive_section(exh: dict) -> list:
-    any_r = next((r for r in exh.values() if "model" in r), {})
-    lines = [
-        "",
-        f"## Exhaustive GRPO iterations (B = {any_r.get('batch_size', '?')}, context "
-        f"{any_r.get('context_len', '?')}, horizon {any_r.get('horizon', '?')}, model "
-        f"{any_r.get('model', '?')}, μ = {any_r.get('num_iterations', '?')}, KL reference "
-        f"{any_r.get('reference', '?')} + {any_r.get('kl_estimator', '?')}, β = "
-        f"{any_r.get('beta', '?')})",
-        "",
-        "| V | chunks (rollout / loss) | guide: s / iteration | guide: memory "
-        "| s / iteration | peak bytes | faster than guide | less memory than guide "
-        "| TFLOP / iteration | MFU (nominal / measured) | compile s |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
-    ]
-    for v, r in exh.items():
-        if "error" in r:
-            lines.append(f"| {v} | {r['error']} | | | | | | | | | |")
-            continue
-        g, u = r["guide"], r["utilisation"]
-        gt, gm = (
-            ("infeasible", "–")
-            if g == "infeasible"
-            else (f"{g['s_per_iteration']:g}", f"{g['bytes'] / 1e9:g} GB")
-        )
-        lines.append(
-            f"| {v} | {r['vocab_chunk'] or 'all'} / {r['loss_chunk'] or 'same'} | {gt} | "
-            f"{gm} | {r['median_step_s']:.3f} | {gib(r['peak_memory_bytes'])} | "
-            f"{times(r.get('speedup_vs_guide'))} | {times(r.get('memory_vs_guide'))} | "
-            f"{fmt(r.get('matmul_flops') and r['matmul_flops'] / 1e12)} | "
-            f"{pct(u['mfu_nominal'])} / {pct(u['mfu_measured'])} | {r['compile_s']:.1f} |"
-        )
-    lines.append(f"(peak bytes: {any_r.get('peak_memory_source', '?')}.)")
-    return lines
-
-
-def large_section(large: dict) -> list:
-    lines = ["", "## Larger model: where the framework stands when the GPU is busy", ""]
-    if "error" in large:
-        lines.append(f"failed: {large['error']}")
-    else:
-        lines += [
-            f"{large['params']:,} params, {large['dtype']} compute, "
-            f"{large['generated_tokens_per_step']:,} generated tokens / step "
-            f"({large['tokens_per_s']:,.0f} / s); `{large['command']}`",
-            "",
-            "| half | s | GFLOP | MFU nominal | MFU measured |",
-            "|---|---|---|---|---|",
-        ]
-        for half, secs, fl in (
-            ("rollout", large["rollout_s"], large.get("rollout_matmul_flops")),
-            ("update", large["update_s"], large.get("update_matmul_flops")),
-            ("whole step", large["median_step_s"], large.get("matmul_flops")),
-        ):
-            u = large.get("step" if half == "whole step" else half) or {}
-            lines.append(
-                f"| {half} | {secs:.4f} | {fmt(fl and fl / 1e9)} | "
-                f"{pct(u.get('mfu_nominal'))} | {pct(u.get('mfu_measured'))} |"
-            )
-    return lines

@@ -5,8 +5,9 @@ The step is built as experiments/benchmark.py builds it (the task's own ``task.b
 once (``jax.jit(step.fused, donate_argnums=0)``: rollout, rewards and update in one program),
 warmed up, then ``--steps`` steps run under ``jax.profiler.trace`` (no Python tracer). XLA:CPU
 executes a program as thunks, one per HLO instruction (a fusion, a matmul, a copy), and the
-trace times each one; this script maps every thunk to its instruction in the compiled HLO and
-classifies it:
+trace times each one (its ``hlo_op``); this script maps every thunk to its instruction in the
+compiled HLO and classifies it (on a GPU or TPU only the device tracks' kernels count, each
+named by the ``hlo_op`` it runs: that path has not run on an accelerator yet):
 
 - kind: ``matmul`` (a dot, or a YNNPACK fusion holding one: such a fusion may hold several
   matmuls and the elementwise work between them), ``batched matmul`` (a dot with batch
@@ -25,7 +26,8 @@ thunk may use several threads, so a share is a share of the program's busy time,
 Beside them, the step's matmul FLOPs (measure.matmul_flops_of, dense and batched apart) give
 each matmul kind's FLOP rate per thunk-second. Control flow (while, conditional, call)
 is not summed: its time is its body's. Writes ``--out_dir/<name>.json`` and ``.md``; with
-``--hlo``, also the compiled HLO text beside them (an XLA dump of the one program).
+``--hlo``, also the compiled HLO text beside them (an XLA dump of the one program). The last
+line printed is the JSON (``--out_dir=`` prints only: experiments/gpu_suite.py's profile part).
 
   GRPO_JAX_DATA=/work/shared/data/tinyshakespeare.txt python experiments/profile_step.py \\
       --config=configs/shakespeare.py:sampled --config.group.size=8 \\
@@ -39,6 +41,7 @@ import gzip
 import json
 import platform
 import re
+import shutil
 import sys
 import tempfile
 import time
@@ -56,7 +59,9 @@ FLAGS = flags.FLAGS
 config_flags.DEFINE_config_file("config", None, "Config file (path[:variant,...]).")
 flags.DEFINE_integer("warmup", 2, "Untimed steps after compilation.", lower_bound=0)
 flags.DEFINE_integer("steps", 3, "Steps traced (figures are per step).", lower_bound=1)
-flags.DEFINE_string("out_dir", "experiments/results", "Where the JSON and markdown go.")
+flags.DEFINE_string(
+    "out_dir", "experiments/results", "Where the JSON and markdown go ('': print only)."
+)
 flags.DEFINE_string("name", "profile_cpu", "Basename of the results files.")
 flags.DEFINE_bool("hlo", False, "Also write the compiled HLO text (<name>.hlo.txt).")
 flags.DEFINE_integer("top", 15, "Instructions listed in the markdown.", lower_bound=0)
@@ -145,17 +150,36 @@ def stage_of(op_name: str) -> str:
     return "other"
 
 
-def thunk_times(trace_dir: str, instrs: dict, steps: int) -> dict:
+def module_name(text: str) -> str:
+    """The compiled module's name (``HloModule jit_fused, ...``): the trace's ``hlo_module``."""
+    return re.match(r"HloModule ([\w.\-]+)", text).group(1)
+
+
+def thunk_times(trace_dir: str, instrs: dict, module: str, steps: int) -> dict:
     """{instruction name: (thunk-ms per step, calls per step)} from the perfetto trace: every
-    complete event named after an HLO instruction that is not control flow."""
+    complete event of ``module`` whose ``hlo_op`` is an instruction other than control flow.
+    Where the trace has device tracks (a GPU's or TPU's kernels), only their events count:
+    the host's launches of them would count the same instructions twice."""
     (path,) = Path(trace_dir).rglob("perfetto_trace.json.gz")
     with gzip.open(path) as f:
         trace = json.load(f)
     events = trace["traceEvents"] if isinstance(trace, dict) else trace
+    devices = {
+        e["pid"]
+        for e in events
+        if e.get("ph") == "M" and e.get("args", {}).get("name", "").startswith("/device:")
+    }
     ms, calls = collections.Counter(), collections.Counter()
     for e in events:
-        name = e.get("name", "")
-        if e.get("ph") != "X" or name not in instrs or instrs[name]["opcode"] in CONTROL:
+        args = e.get("args") or {}
+        name = args.get("hlo_op", "")
+        if (
+            e.get("ph") != "X"
+            or args.get("hlo_module") != module
+            or (devices and e.get("pid") not in devices)
+            or name not in instrs
+            or instrs[name]["opcode"] in CONTROL
+        ):
             continue
         ms[name] += e.get("dur", 0) / 1e3 / steps
         calls[name] += 1 / steps
@@ -279,16 +303,21 @@ def main(argv):
         "dtype": config.model.get("dtype", "float32"),
         "command": "python experiments/profile_step.py " + " ".join(sys.argv[1:]),
         "steps": FLAGS.steps,
-        **summarise(instrs, thunk_times(trace_dir, instrs, FLAGS.steps), wall, FLAGS.top),
+        **summarise(
+            instrs, thunk_times(trace_dir, instrs, module_name(hlo), FLAGS.steps), wall, FLAGS.top
+        ),
         "matmul_gflop_per_step": {k: f / 1e9 for k, f in flops.items()},
     }
-    out = Path(FLAGS.out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / f"{FLAGS.name}.json").write_text(json.dumps(res, indent=1) + "\n")
-    (out / f"{FLAGS.name}.md").write_text(markdown(res))
-    if FLAGS.hlo:
-        (out / f"{FLAGS.name}.hlo.txt").write_text(hlo)
+    shutil.rmtree(trace_dir)  # tens of MB per traced step
+    if FLAGS.out_dir:
+        out = Path(FLAGS.out_dir)
+        out.mkdir(parents=True, exist_ok=True)
+        (out / f"{FLAGS.name}.json").write_text(json.dumps(res, indent=1) + "\n")
+        (out / f"{FLAGS.name}.md").write_text(markdown(res))
+        if FLAGS.hlo:
+            (out / f"{FLAGS.name}.hlo.txt").write_text(hlo)
     print(markdown(res))
+    print(json.dumps(res))  # the last line: what gpu_suite.py's profile part reads
 
 
 if __name__ == "__main__":

@@ -31,7 +31,7 @@ def test_gpu_suite_smoke(tmp_path, shakespeare_path):
     for dtype in raw["dtypes"]:
         assert positive(device["measured_peak"][dtype]["flops_per_s"])
     res = raw["results"]
-    assert set(res) == {"probe", "step", "trl", "exhaustive", "large"}
+    assert set(res) == {"probe", "step", "trl", "exhaustive", "large", "profile"}
     assert set(raw["part_wall_s"]) == set(res) and positive(raw["wall_s"])
 
     def check_bench(r, dtype):
@@ -63,9 +63,15 @@ def test_gpu_suite_smoke(tmp_path, shakespeare_path):
     assert res["exhaustive"]["256"]["vocab_chunk"] == 32  # the chunked path
 
     assert raw["targets"] and all(t["met"] == "n/a (smoke)" for t in raw["targets"].values())
-    assert len(raw["commands"]) == 1 + 1 + 2 + 2 + 1  # probe, step, trl x2, V x2, large
+    ((dtype, prof),) = res["profile"].items()
+    assert dtype == "float32" and prof["command"].startswith("python experiments/profile_step.py")
+    assert positive(prof["thunk_ms_per_step"]) and positive(prof["wall_ms_per_step"])
+    assert positive(prof["by_kind"]["matmul"]) and positive(prof["matmul_gflop_per_step"]["matmul"])
+    assert {"rollout: decode loop", "update: backward"} <= set(prof["by_stage"])
+    # probe, step, trl x2, V x2, large, profile
+    assert len(raw["commands"]) == 1 + 1 + 2 + 2 + 1 + 1
     text = md.read_text()
     for heading in ("## Targets", "## GRPO step", "## TRL GRPOTrainer", "## Exhaustive GRPO",
-                    "## Larger model", "## Commands"):  # fmt: skip
+                    "## Larger model", "## Where the GRPO step's time", "## Commands"):  # fmt: skip
         assert heading in text, heading
     assert device["jax"] in text and device["device_kind"] in text

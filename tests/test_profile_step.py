@@ -35,8 +35,10 @@ def profiled():
     compiled = jax.jit(_program).lower(*args).compile()
     jax.block_until_ready(compiled(*args))
     trace_dir, wall = P.traced(lambda: jax.block_until_ready(compiled(*args)), steps=3)
-    instrs = P.parse_hlo(compiled.as_text())
-    return instrs, P.thunk_times(trace_dir, instrs, steps=3), wall
+    text = compiled.as_text()
+    instrs = P.parse_hlo(text)
+    assert P.module_name(text) == "jit__program"
+    return instrs, P.thunk_times(trace_dir, instrs, P.module_name(text), steps=3), wall
 
 
 def test_instructions_are_classified_by_kind_and_stage(profiled):
