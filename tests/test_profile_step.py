@@ -10,7 +10,7 @@ import jax.numpy as jnp
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "experiments"))
-import profile_step as P
+import xla_profile as P
 
 LOOP = 5
 

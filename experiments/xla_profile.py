@@ -1,0 +1,212 @@
+"""Reading an XLA:CPU (or GPU/TPU) profile of one jitted program: the compiled HLO parsed into
+instructions, each classified by kind of work and by stage of the GRPO step, the
+``jax.profiler`` trace's per-instruction times summed per kind and stage, and the markdown
+report. experiments/profile_step.py runs it on the GRPO step (its docstring defines the kinds
+and stages); this module has no flags, so tests and other scripts import it freely."""
+
+import collections
+import gzip
+import json
+import re
+import tempfile
+import time
+from pathlib import Path
+
+import jax
+
+KIND_BATCHED = {"matmul": False, "batched matmul": True}  # measure.matmul_flops_of's split
+CONTROL = {"while", "conditional", "call"}
+LAYOUT = {"copy", "bitcast", "transpose", "pad", "slice", "concatenate", "broadcast", "reshape"}
+LAYOUT |= {"dynamic-update-slice", "dynamic-slice", "iota", "wrapped"}
+STAGES = (  # the first whose marks all occur in the op_name
+    ("rollout: reference", ("rollout", "reference")),
+    ("rollout: decode loop", ("rollout", "Transformer.decode")),
+    ("rollout: decode loop", ("rollout/while",)),  # its ops without names: sampling, caches
+    ("rollout: prefill", ("rollout", "Transformer.prefill")),
+    ("rollout: other", ("rollout",)),
+    ("update: reference", ("update", "reference")),
+    ("update: backward", ("transpose(",)),  # the backward pass loses the outer scopes
+    ("update: optimizer", ("optimizer",)),
+    ("update: forward", ("jvp(",)),
+    ("update: other", ("update",)),
+)
+_INSTR = re.compile(r"^\s*(?:ROOT )?%?([\w.\-]+) = (.+?) ([\w\-]+)\(")  # tuple shapes have spaces
+_COMP = re.compile(r"^(?:ENTRY )?%?([\w.\-]+) .*\{\s*$")
+
+
+def parse_hlo(text: str) -> dict:
+    """{instruction name: {"shape", "opcode", "op_name", "body", "batched"}} for every
+    instruction of every computation. "body" lists the opcodes of the computation a fusion
+    calls (does it hold a dot, a reduce, a gather); "batched": a dot with batch dimensions,
+    the instruction's own or one in its body. An instruction without an op_name (XLA drops
+    some inside loop bodies) takes the op_name of the instruction that calls its computation,
+    so a decode step's ops still name their stage."""
+    instrs, bodies, caller, comp = {}, collections.defaultdict(list), {}, None
+    for line in text.splitlines():
+        c = _COMP.match(line)
+        if c:
+            comp = c.group(1)
+            continue
+        m = _INSTR.match(line)
+        if not m:
+            continue
+        name, shape, opcode = m.groups()
+        batched = "lhs_batch_dims" in line
+        bodies[comp].append((opcode, batched))
+        op_name = re.search(r'op_name="([^"]*)"', line)
+        called = re.findall(
+            r"(?:calls|body|condition|to_apply|branch_computations)=\{?%?([\w.\-]+)", line
+        )
+        for callee in called:
+            caller.setdefault(callee, name)
+        op_name = op_name.group(1) if op_name else ""
+        instrs[name] = dict(shape=shape, opcode=opcode, comp=comp, batched=batched,
+                            op_name=op_name, calls=called)  # fmt: skip
+    for name, info in instrs.items():
+        body = [op for callee in info.pop("calls") for op in bodies.get(callee, [])]
+        info["body"] = sorted({op for op, _ in body})
+        info["batched"] |= any(b for op, b in body if op == "dot")
+        up = name
+        while not info["op_name"] and up in instrs and instrs[up]["comp"] in caller:
+            up = caller[instrs[up]["comp"]]
+            info["op_name"] = instrs[up]["op_name"] if up in instrs else ""
+    for info in instrs.values():
+        info.pop("comp")
+    return instrs
+
+
+def kind_of(name: str, info: dict) -> str:
+    """The kind of work one instruction does (see the module docstring)."""
+    ops = set(info["body"]) | {info["opcode"]}
+    if "dot" in ops or "convolution" in ops:
+        return "batched matmul" if info["batched"] else "matmul"
+    if ops & {"gather", "scatter"} or re.search(r"gather|scatter", name):
+        return "gather/scatter"
+    if ops & {"reduce", "reduce-window"} or "reduce" in name:
+        return "reduction"
+    words = set(re.sub(r"\.\d+$", "", name).split("_")) - {"fusion"}
+    body = set(info["body"]) - {"parameter", "constant"}
+    if (body and body <= LAYOUT) or (not body and words and words <= LAYOUT):
+        return "layout"
+    return "elementwise"
+
+
+def stage_of(op_name: str) -> str:
+    for stage, marks in STAGES:
+        if all(m in op_name for m in marks):
+            return stage
+    return "other"
+
+
+def module_name(text: str) -> str:
+    """The compiled module's name (``HloModule jit_fused, ...``): the trace's ``hlo_module``."""
+    return re.match(r"HloModule ([\w.\-]+)", text).group(1)
+
+
+def thunk_times(trace_dir: str, instrs: dict, module: str, steps: int) -> dict:
+    """{instruction name: (thunk-ms per step, calls per step)} from the perfetto trace: every
+    complete event of ``module`` whose ``hlo_op`` is an instruction other than control flow.
+    Where the trace has device tracks (a GPU's or TPU's kernels), only their events count:
+    the host's launches of them would count the same instructions twice."""
+    (path,) = Path(trace_dir).rglob("perfetto_trace.json.gz")
+    with gzip.open(path) as f:
+        trace = json.load(f)
+    events = trace["traceEvents"] if isinstance(trace, dict) else trace
+    devices = {
+        e["pid"]
+        for e in events
+        if e.get("ph") == "M" and e.get("args", {}).get("name", "").startswith("/device:")
+    }
+    ms, calls = collections.Counter(), collections.Counter()
+    for e in events:
+        args = e.get("args") or {}
+        name = args.get("hlo_op", "")
+        if (
+            e.get("ph") != "X"
+            or args.get("hlo_module") != module
+            or (devices and e.get("pid") not in devices)
+            or name not in instrs
+            or instrs[name]["opcode"] in CONTROL
+        ):
+            continue
+        ms[name] += e.get("dur", 0) / 1e3 / steps
+        calls[name] += 1 / steps
+    return {n: (ms[n], calls[n]) for n in ms}
+
+
+def traced(run, steps: int) -> tuple[str, float]:
+    """Calls ``run()`` (one step, blocking) ``steps`` times under jax.profiler.trace with a
+    perfetto trace and no Python tracer; returns (trace dir, wall seconds per step)."""
+    options = jax.profiler.ProfileOptions()
+    options.python_tracer_level = 0  # the step's thunks, not the Python around them
+    trace_dir = tempfile.mkdtemp(prefix="grpo_jax_profile_")
+    with jax.profiler.trace(trace_dir, create_perfetto_trace=True, profiler_options=options):
+        t0 = time.perf_counter()
+        for _ in range(steps):
+            run()
+        wall = (time.perf_counter() - t0) / steps
+    return trace_dir, wall
+
+
+def summarise(instrs: dict, times: dict, wall_s: float, top: int) -> dict:
+    """Core-ms per step by kind, by stage, by stage and kind, and the costliest instructions."""
+    by_kind, by_stage = collections.Counter(), collections.Counter()
+    cross = collections.defaultdict(collections.Counter)
+    rows = []
+    for name, (ms, calls) in times.items():
+        info = instrs[name]
+        kind, stage = kind_of(name, info), stage_of(info["op_name"])
+        by_kind[kind] += ms
+        by_stage[stage] += ms
+        cross[stage][kind] += ms
+        rows.append(dict(instruction=name, kind=kind, stage=stage, thunk_ms=ms, calls=calls,
+                         shape=info["shape"], op_name=info["op_name"]))  # fmt: skip
+    rows.sort(key=lambda r: -r["thunk_ms"])
+    return {
+        "wall_ms_per_step": 1e3 * wall_s,
+        "thunk_ms_per_step": sum(by_kind.values()),
+        "by_kind": dict(by_kind.most_common()),
+        "by_stage": dict(by_stage.most_common()),
+        "by_stage_and_kind": {st: dict(cross[st]) for st in by_stage},
+        "top": rows[:top],
+    }
+
+
+def markdown(res: dict) -> str:
+    total, kinds = res["thunk_ms_per_step"], list(res["by_kind"])
+    lines = [
+        f"# Where the GRPO step's time goes ({res['name']})",
+        "",
+        f"{res['when']} on {res['machine']}; jax {res['jax']}; {res['device']}; compute dtype "
+        f"{res['dtype']}. Command: `{res['command']}`.",
+        "",
+        f"Wall time {res['wall_ms_per_step']:.1f} ms per step ({res['steps']} traced steps); "
+        f"the thunks' own durations add up to {total:.1f} thunk-ms per step (thunks overlap on "
+        "the CPU's threads). Thunk-ms per step by stage (rows) and kind of work (columns):",
+        "",
+        "| stage | " + " | ".join(kinds) + " | total | share |",
+        "| --- " * (len(kinds) + 3) + "|",
+    ]
+    cell = lambda ms: f"{ms:.1f}" if ms else "–"
+    for stage, ms in res["by_stage"].items():
+        row = res["by_stage_and_kind"][stage]
+        cells = " | ".join(cell(row.get(k, 0.0)) for k in kinds)
+        lines.append(f"| {stage} | {cells} | {ms:.1f} | {100 * ms / total:.0f} % |")
+    cells = " | ".join(f"{res['by_kind'][k]:.1f}" for k in kinds)
+    lines += [f"| all | {cells} | {total:.1f} | 100 % |", ""]
+    gflop = res["matmul_gflop_per_step"]
+    for kind, g in gflop.items():
+        ms = res["by_kind"].get(kind, 0.0)
+        lines.append(
+            f"- {kind}: {g:.2f} GFLOP per step ({100 * g / sum(gflop.values()):.0f} % of the "
+            f"matmul FLOPs) in {100 * ms / total:.0f} % of the thunk time: "
+            f"{g / max(ms, 1e-9) * 1e3:.0f} GFLOP per thunk-second"
+        )
+    lines.append("")
+    lines += ["| instruction | kind | stage | thunk-ms | calls | shape |", "| --- " * 6 + "|"]
+    lines += [
+        f"| {r['instruction']} | {r['kind']} | {r['stage']} | {r['thunk_ms']:.2f} | "
+        f"{r['calls']:.0f} | `{r['shape']}` |"
+        for r in res["top"]
+    ]
+    return "\n".join(lines) + "\n"
