@@ -24,7 +24,7 @@ import statistics
 
 import jax
 from absl import app, flags
-from measure import matmul_peak, memory, step_flops, time_train_step, timed
+from measure import configure_host, matmul_peak, memory, step_flops, time_train_step, timed
 from ml_collections import config_flags
 
 from grpo_jax import sharding, trainer
@@ -84,6 +84,7 @@ def main(argv):
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {argv[1:]}")
     config = FLAGS.config
+    cpu_buffers = configure_host(config)
     task = build_task(config, "train")
     params0 = trainer.initial_params(config, task)
     n_params = sum(x.size for x in jax.tree.leaves(params0))
@@ -132,6 +133,7 @@ def main(argv):
         "breakdown": bd,
         "loss": float(metrics["loss"]),
         "params_sharding": str(jax.tree.leaves(state.params)[0].sharding),
+        "cpu_buffers": cpu_buffers,
     }
     if roof is not None:
         res["roofline"] = roof

@@ -8,6 +8,19 @@ import jax
 import jax.numpy as jnp
 
 
+def configure_host(config) -> str:
+    """The run's ``cpu_buffers`` setting applied as the CLI applies it (grpo_jax/host.py),
+    before anything starts jax; returns it for the results. A config without the field (a
+    checkout from before it, e.g. roofline.py's --before side) keeps jax's and glibc's
+    defaults, "release"."""
+    if "cpu_buffers" not in config:
+        return "release"
+    from grpo_jax import host
+
+    applied = host.configure(config)
+    return config.cpu_buffers if applied or config.cpu_buffers == "release" else "not applied"
+
+
 def timed(fn, *args, runs=1):
     """Calls fn(*args) `runs` times with block_until_ready; returns (last output, times)."""
     times, out = [], None

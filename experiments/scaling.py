@@ -65,7 +65,7 @@ from pathlib import Path
 import jax
 import numpy as np
 from absl import app, flags
-from measure import memory, step_flops, time_train_step
+from measure import configure_host, memory, step_flops, time_train_step
 from ml_collections import config_flags
 
 from grpo_jax.tasks import build_task
@@ -363,6 +363,7 @@ def main(argv):
         print(write_markdown(raw))
         return
     if FLAGS.one_run:
+        configure_host(FLAGS.config)  # this subprocess measures: the CLI's host settings
         spec, _, how = FLAGS.one_run.partition("@")
         print(json.dumps(measure(*parse_run(spec), compile_only=how == "compile")), flush=True)
         return

@@ -98,11 +98,14 @@ def _join(config, launch: dist.Launch | None) -> None:
 
 
 def run(config, workdir: str, mode: str, launch: dist.Launch | None = None):
-    from grpo_jax import trainer  # imported late so that --help stays fast
+    from grpo_jax import host, trainer  # imported late so that --help stays fast
 
     if mode not in MODES:
         raise ValueError(f"--mode={mode!r} is unknown; choose from {', '.join(MODES)}")
+    cpu_settings = host.configure(config)  # before jax starts its backend, as joining must be
     _join(config, launch)
+    if cpu_settings:
+        logging.info("cpu_buffers=retain: %s", "; ".join(cpu_settings))
     if mode in ("train", "pretrain", "train_judge"):
         trainer.train_and_evaluate(config, workdir, mode)
         return

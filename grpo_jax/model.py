@@ -111,6 +111,9 @@ class Block(nn.Module):
         dense = lambda n, name: nn.Dense(n, dtype=self.dtype, param_dtype=jnp.float32, name=name)
         drop = nn.Dropout(self.dropout, deterministic=deterministic)
 
+        # the dense layers and norms see [B*G*T, D] rows: a 2-D matmul's weight gradient is
+        # one contraction over the rows, where a [B, G, T, D] operand costs a transposed copy
+        x = x.reshape(b * g * t, self.d_model)
         h = nn.LayerNorm(dtype=self.dtype, param_dtype=jnp.float32, name="ln1")(x)
         qkv = dense(3 * self.d_model, "qkv")(h).reshape(b, g, t, 3, self.num_heads, hd)
         q = qkv[..., 0, :, :]
@@ -126,13 +129,13 @@ class Block(nn.Module):
             sv = jax.lax.dynamic_update_slice_in_dim(cache[1], v.astype(cache[1].dtype), index, 3)
             mask = (jnp.arange(sk.shape[3]) <= index)[None, :]
         pk, pv, pm = prefix if prefix is not None else (None, None, None)
-        att = _attention(q, pk, pv, pm, sk, sv, mask, self.dtype).reshape(b, g, t, self.d_model)
+        att = _attention(q, pk, pv, pm, sk, sv, mask, self.dtype).reshape(x.shape)
         x = x + drop(dense(self.d_model, "proj")(att))
 
         h = nn.LayerNorm(dtype=self.dtype, param_dtype=jnp.float32, name="ln2")(x)
         h = nn.gelu(dense(self.mlp_ratio * self.d_model, "fc")(h))
         x = x + drop(dense(self.d_model, "out")(h))
-        return x, (sk, sv)
+        return x.reshape(b, g, t, self.d_model), (sk, sv)
 
 
 class Transformer(nn.Module):

@@ -45,6 +45,7 @@ MUTABLE = (
     "diagnostics.",
     "mesh.",
     "distributed",
+    "cpu_buffers",
     "data.path",  # the file may move; its content is the checkpoint's data digest's business
 )
 

@@ -20,6 +20,7 @@ CLASS_KINDS = ("chars", "blocks")
 CONTINUATION_CREDITS = ("position", "return")
 ESTIMATORS = ("uniform", "expected")
 GUIDES = ("reference", "policy")
+CPU_BUFFERS = ("retain", "release")  # grpo_jax/host.py
 
 
 def require(ok: bool, field: str, value: Any, valid: str) -> None:
@@ -33,6 +34,12 @@ def choice(field: str, value: Any, choices) -> Any:
     if value not in choices:
         raise ValueError(f"{field}={value!r} is unknown; choose from {', '.join(choices)}")
     return value
+
+
+def cpu_buffers(config) -> str:
+    """``config.cpu_buffers`` (absent: "release", jax's and glibc's defaults); the process's
+    entry point applies it (host.configure) before jax starts, ahead of the other checks."""
+    return choice("cpu_buffers", config.get("cpu_buffers", "release"), CPU_BUFFERS)
 
 
 def integer(field: str, value: Any, low: int = 0) -> int:
@@ -414,6 +421,7 @@ class RunSpec:
     seed: int
     train: TrainSpec
     report: ReportSpec
+    cpu_buffers: str
 
     @classmethod
     def from_config(cls, config) -> RunSpec:
@@ -435,4 +443,5 @@ class RunSpec:
             seed=integer("seed", config.seed),
             train=TrainSpec.from_config(config.train),
             report=ReportSpec.from_config(config),
+            cpu_buffers=cpu_buffers(config),
         )

@@ -19,6 +19,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import jax
 import pytest
 from absl import logging as absl_logging
 
@@ -32,7 +33,12 @@ ABSL_LOG_LINE = re.compile(r"^[IWEF]\d{4} \d\d:\d\d:\d\d")
 
 
 def run_cli(args):
-    """``grpo-jax ARGS`` in this process: (exit status, stderr lines, absl log text)."""
+    """``grpo-jax ARGS`` in this process: (exit status, stderr lines, absl log text).
+
+    jax's backends are started first, so that the CLI's process-wide host settings
+    (config.cpu_buffers, grpo_jax/host.py) are reported as not applied instead of changing
+    this test worker's malloc and dispatch for the tests that follow."""
+    jax.devices()
     for name in [n for n in entry.FLAGS if n.startswith("config.")]:
         delattr(entry.FLAGS, name)  # config_flags defines them anew on every parse
     entry.FLAGS.unparse_flags()
@@ -128,6 +134,7 @@ CASES = {
     "pass_k_0": ([*BASE, "--config.eval.pass_k=(0, 4)"], ["eval.pass_k", ">= 1"]),
     "patience_0": ([*BASE, "--config.diagnostics.patience=0"], ["diagnostics.patience=0"]),
     "mesh_member_0": ([*BASE, "--config.mesh.member=0"], ["mesh.member=0"]),
+    "cpu_buffers_unknown": ([*BASE, "--config.cpu_buffers=keep"], ["cpu_buffers='keep'", "retain"]),
     # the toy task's own settings
     "toy_vocab_0": ([*BASE, "--config.toy.vocab_size=0"], ["toy.vocab_size=0"]),
     "toy_sft_steps_0": ([*BASE, "--config.toy.sft.num_steps=0"], ["toy.sft.num_steps=0"]),
