@@ -198,26 +198,27 @@ def decision_positions(entropy, k: int, horizon: int):
 
 
 def make_reference_terms(reference: Reference | None, needs: frozenset, chunk: int):
-    """Returns ref_terms(ref_state, prompts, tokens [B, K, h]) -> dict of what the step reads
-    of π_ref (``needs`` ⊆ {"token", "dist"}): "token" log π_ref of each token [B, K, h],
-    "dist" the whole [B, K, h, V] (only a reward term that reads it asks for it).
+    """Returns ref_terms(ref_state, context, prompts, tokens [B, K, h]) -> dict of what the
+    step reads of π_ref (``needs`` ⊆ {"token", "dist"}): "token" log π_ref of each token
+    [B, K, h], "dist" the whole [B, K, h, V] (only a reward term that reads it asks for it);
+    ``context`` is ``reference.prefill``'s, computed once for all the chunks.
 
     The reference runs ``chunk`` members at a time and each chunk keeps only what is needed,
     so its [B, K, h, V] log-probs never exist at once unless "dist" is asked for: an
     exhaustive group's reference costs a chunk's memory at any V."""
     if reference is None or not needs:
-        return lambda ref_state, prompts, tokens: {}
+        return lambda ref_state, context, prompts, tokens: {}
 
     @jax.named_scope("reference")
-    def one_chunk(ref_state, prompts, tokens):
-        lp = jax.lax.stop_gradient(reference.logprobs(ref_state, prompts, tokens))
+    def one_chunk(ref_state, context, prompts, tokens):
+        lp = jax.lax.stop_gradient(reference.logprobs(ref_state, context, prompts, tokens))
         out = {"dist": lp} if "dist" in needs else {}
         if "token" in needs:
             out["token"] = ro.token_logp(lp, tokens)
         return out
 
-    return lambda ref_state, prompts, tokens: ro.chunked(
-        lambda tok: one_chunk(ref_state, prompts, tok), chunk, tokens
+    return lambda ref_state, context, prompts, tokens: ro.chunked(
+        lambda tok: one_chunk(ref_state, context, prompts, tok), chunk, tokens
     )
 
 
@@ -256,15 +257,15 @@ def make_collect(
         return out[0], out[1], out[3]
 
     def part(ref_state, prompts, tokens, logp, mask, member_mask, actions, action_mask, w=None):
-        ref = {k: pad_time(x, t) for k, x in ref_terms(ref_state, prompts, tokens).items()}
+        # π_ref's prompt runs once: its decision point and the context of every member chunk
+        first, context = (None, None)
+        if reference is not None:
+            first, context = jax.named_scope("reference")(reference.prefill)(ref_state, prompts)
+        ref = ref_terms(ref_state, context, prompts, tokens)
+        ref = {k: pad_time(x, t) for k, x in ref.items()}
         ref_dist = ref.get("dist", jnp.zeros(tokens.shape[:2] + (t, 0), jnp.float32))
         # the decision point's exact KL: forced parts only (a sampled part has no such point)
-        forced = actions.shape[1] > 0
-        first = (
-            reference.first_logprobs(ref_state, prompts)
-            if reference is not None and forced
-            else None
-        )
+        first = first if actions.shape[1] > 0 else None
         tokens, logp, mask = pad_time(tokens, t), pad_time(logp, t), pad_time(mask, t)
         zeros = jnp.zeros(tokens.shape, jnp.float32)
         return Part(
@@ -292,7 +293,7 @@ def make_collect(
 
     def guide_logp(ref_state, prompts, first_logits):
         if g.guide == "reference":
-            return reference.first_logprobs(ref_state, prompts)
+            return reference.prefill(ref_state, prompts)[0]
         return ro.tempered_logp(first_logits, sp)
 
     def forced_mode(common, key, k_guide):

@@ -106,15 +106,22 @@ def make_loss(spec: ObjectiveSpec, group: GroupSpec, policy: Policy, reference: 
             return exact_kl(lp, jax.lax.stop_gradient(ref_dist()))
         return objective.kl_estimate(logp, ref_tok, gr.kl_estimator)
 
-    def reference_dist(ref_state, part: Part, tokens, carried, start):
+    def reference_context(ref_state, part: Part):
+        """π_ref's prompt state for the exact estimators' forwards (``reference.prefill``),
+        once per part however many member chunks then read it; None where nothing will."""
+        if not (has_reference and exact_tokens) or part.ref_logp.shape[-1]:
+            return None
+        return jax.named_scope("reference")(reference.prefill)(ref_state, part.prompts)[1]
+
+    def reference_dist(ref_state, context, part: Part, tokens, carried, start):
         """A thunk for the reference's log-probs at completion positions start.. of ``tokens``:
         ``carried`` (the part's own [.., V] slice, when a reward term asked the rollout for
-        the distribution) or the reference's forward on these very tokens, run only if an
-        exact estimator calls it."""
+        the distribution) or the reference's forward on these very tokens from ``context``,
+        run only if an exact estimator calls it."""
         if carried.shape[-1]:
             return lambda: carried
         return jax.named_scope("reference")(
-            lambda: reference.logprobs(ref_state, part.prompts, tokens)[:, :, start:]
+            lambda: reference.logprobs(ref_state, context, part.prompts, tokens)[:, :, start:]
         )
 
     def agg_weights(mask):
@@ -130,7 +137,8 @@ def make_loss(spec: ObjectiveSpec, group: GroupSpec, policy: Policy, reference: 
         old = jnp.where(first_iter, jax.lax.stop_gradient(logp), old_logp)
         tok_mask = part.token_mask
         pg, m = surrogate_terms(logp, old, part.advantages, tok_mask)
-        ref_dist = reference_dist(ref_state, part, part.tokens, part.ref_logp, 0)
+        context = reference_context(ref_state, part)
+        ref_dist = reference_dist(ref_state, context, part, part.tokens, part.ref_logp, 0)
         kl = agg(kl_terms(lp_all, logp, part.ref_token_logp, ref_dist), tok_mask)
         ent = agg(entropy(lp_all), tok_mask)
         return pg, kl, ent, jnp.mean(part.member_mask.max(1)), m, logp
@@ -153,6 +161,7 @@ def make_loss(spec: ObjectiveSpec, group: GroupSpec, policy: Policy, reference: 
         ref_tok = part.ref_token_logp
         ref_tok = jnp.zeros(w.shape) if ref_tok is None else ref_tok[..., 1:t]
         ref_lp = part.ref_logp[..., 1:t, :]  # [B, K, t-1, V] when carried, else [..., 0]
+        context = reference_context(ref_state, part)
 
         def chunk(tokens, old_c, adv_c, w_c, ref_tok_c, ref_lp_c):
             lp = tempered_logp(policy.extend(params, state, part.prompts, tokens), sp)
@@ -161,7 +170,7 @@ def make_loss(spec: ObjectiveSpec, group: GroupSpec, policy: Policy, reference: 
             old = jnp.where(first_iter, jax.lax.stop_gradient(logp), old_c)
             wsum = lambda x: jnp.sum(jnp.where(w_c != 0, x, 0.0) * w_c, axis=-1)
             pg = wsum(objective.clipped_surrogate(logp, old, adv_c, eps, eps_high))
-            ref_dist = reference_dist(ref_state, part, tokens, ref_lp_c, 1)
+            ref_dist = reference_dist(ref_state, context, part, tokens, ref_lp_c, 1)
             kl = wsum(kl_terms(lp, logp, ref_tok_c, ref_dist))
             return pg, kl, wsum(entropy(lp)), logp
 

@@ -117,39 +117,52 @@ def single_step_policy(logits_fn: Callable, vocab_size: int, max_span: int, sp):
     return Policy(prefill, complete, extend, int(vocab_size), int(max_span))
 
 
+def continue_logits(policy: Policy, params, first, state, prompts, tokens):
+    """The training forward of tokens [B, K, T] from a prefilled prompt batch (``first``
+    [B, V], ``state``: what ``policy.prefill`` returned) -> logits [B, K, T, V] where
+    logits[:, :, t] scores tokens[:, :, t]: token 0's are the decision point's, the rest
+    come from ``policy.extend``."""
+    b, k, t = tokens.shape
+    head = jnp.broadcast_to(first[:, None, None], (b, k, 1, first.shape[-1]))
+    if t == 1:
+        return head
+    return jnp.concatenate([head, policy.extend(params, state, prompts, tokens)], axis=2)
+
+
 def token_logits(policy: Policy, params, prompts, tokens):
     """The whole training forward of a group: tokens [B, K, T] -> (first_logits [B, V],
     logits [B, K, T, V]) where logits[:, :, t] scores tokens[:, :, t]."""
     first, state = policy.prefill(params, prompts)
-    b, k, t = tokens.shape
-    head = jnp.broadcast_to(first[:, None, None], (b, k, 1, first.shape[-1]))
-    if t == 1:
-        return first, head
-    return first, jnp.concatenate([head, policy.extend(params, state, prompts, tokens)], axis=2)
+    return first, continue_logits(policy, params, first, state, prompts, tokens)
 
 
 class Reference(NamedTuple):
-    """A frozen reference π_ref as two pure functions of its state (a pytree argument).
+    """A frozen reference π_ref as two pure functions of its state (a pytree argument),
+    shaped like a Policy's prefill / extend so that the prompt runs once per batch, however
+    many chunks of members the rollout or the loss splits a group into.
 
-    logprobs(state, prompts, tokens [B, K, T]) -> [B, K, T, V]: log π_ref of every token at
-      every completion position (position t given the prompt and tokens[..., :t]).
-    first_logprobs(state, prompts) -> [B, V]: log π_ref at the decision point.
+    prefill(state, prompts) -> (first [B, V], context): log π_ref at the decision point, and
+      what ``logprobs`` reuses (a transformer's prompt cache; nothing for an n-gram);
+    logprobs(state, context, prompts, tokens [B, K, T]) -> [B, K, T, V]: log π_ref of every
+      token at every completion position (position t given the prompt and tokens[..., :t]).
     """
 
+    prefill: Callable
     logprobs: Callable
-    first_logprobs: Callable
 
 
 def policy_reference(policy: Policy) -> Reference:
     """π_ref = the same policy with frozen params (untempered log-probs)."""
 
-    def logprobs(params, prompts, tokens):
-        return jax.nn.log_softmax(token_logits(policy, params, prompts, tokens)[1], axis=-1)
+    def prefill(params, prompts):
+        first, state = policy.prefill(params, prompts)
+        return jax.nn.log_softmax(first, axis=-1), (first, state)
 
-    def first_logprobs(params, prompts):
-        return jax.nn.log_softmax(policy.prefill(params, prompts)[0], axis=-1)
+    def logprobs(params, context, prompts, tokens):
+        logits = continue_logits(policy, params, *context, prompts, tokens)
+        return jax.nn.log_softmax(logits, axis=-1)
 
-    return Reference(logprobs, first_logprobs)
+    return Reference(prefill, logprobs)
 
 
 def rollout(

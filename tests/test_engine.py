@@ -12,7 +12,7 @@ from ml_collections import ConfigDict
 from grpo_jax import groups, rewards, single_step
 from grpo_jax.loss import make_loss
 from grpo_jax.model import Transformer, init_params
-from grpo_jax.policy import TokenPrompts, policy_reference, transformer_policy
+from grpo_jax.policy import TokenPrompts, policy_reference, token_logits, transformer_policy
 from grpo_jax.rewards import RewardTerm
 from grpo_jax.rollout import SamplingParams, token_logp
 from grpo_jax.specs import EngineSpec, GroupSpec, ObjectiveSpec
@@ -99,7 +99,8 @@ def test_tokens_after_eos_contribute_nothing():
     spec = EngineSpec.from_config(_config(beta=0.3))
 
     def part_of(tok):
-        ref_tok = token_logp(ref.logprobs(ref_params, prompts, tok), tok)
+        ref_lp = jax.nn.log_softmax(token_logits(policy, ref_params, prompts, tok)[1])
+        ref_tok = token_logp(ref_lp, tok)
         return groups.Part(
             prompts, tok, mask, jnp.ones((1, 2)), jnp.zeros(tok.shape),
             jnp.zeros((1, 0), jnp.int32), jnp.zeros((1, 0)), jnp.zeros((1, 2, 4, 0)),

@@ -247,7 +247,8 @@ def test_reference_in_member_chunks_equals_the_materialised_kl(setup, estimator,
     )
     policy = _policy(c, model)
     lp = np.asarray(jax.nn.log_softmax(token_logits(policy, params, part.prompts, part.tokens)[1]))
-    rl = np.asarray(ref.logprobs(ref_params, part.prompts, part.tokens), np.float64)
+    rl = jax.nn.log_softmax(token_logits(policy, ref_params, part.prompts, part.tokens)[1])
+    rl = np.asarray(rl, np.float64)
     lp = lp.astype(np.float64)
     tok = np.asarray(part.tokens)
     lp_t = np.take_along_axis(lp, tok[..., None], -1)[..., 0]
@@ -269,6 +270,51 @@ def test_reference_in_member_chunks_equals_the_materialised_kl(setup, estimator,
     assert kl_c > 1e-3  # the reference differs from the policy: a test that can fail
     np.testing.assert_allclose(m["kl_decision"], kl_dp, rtol=1e-4)
     np.testing.assert_allclose(m["kl"], (kl_dp + (t - 1) * kl_c) / t, rtol=1e-4)
+
+
+def _executed_dots(jaxpr, lhs_shape) -> int:
+    """dot_generals with this lhs shape that a jaxpr executes: a scan's (lax.map's) body
+    counts once per iteration."""
+    n = 0
+    for eqn in jaxpr.eqns:
+        if eqn.primitive.name == "dot_general":
+            n += eqn.invars[0].aval.shape == lhs_shape
+        times = eqn.params["length"] if eqn.primitive.name == "scan" else 1
+        for v in eqn.params.values():
+            for x in v if isinstance(v, tuple | list) else (v,):
+                inner = getattr(x, "jaxpr", x)
+                if hasattr(inner, "eqns"):
+                    n += times * _executed_dots(inner, lhs_shape)
+    return n
+
+
+def test_the_references_prompt_runs_once_however_the_members_are_chunked(setup):
+    """π_ref's prefill is one per batch in the rollout (k3: log π_ref of each token, 5 member
+    chunks of 13, plus the decision point's distribution) and in the loss (exact estimator:
+    10 chunks of 7): the prompt's dense matmuls, lhs [B*P, D] = [32, 32] (the qkv, proj and fc
+    layers of the 1-layer tiny model), run for the policy and the reference once each, not
+    again in every chunk (on the code before this test: 12 prefills in the rollout, 11 in the
+    loss)."""
+    cfg, corpus, model, params = setup
+    b, p, d = 2, cfg.data.context_len, cfg.model.d_model
+    per_prefill = 3  # qkv, proj and fc read [B*P, D]
+    ctx = jnp.asarray(corpus.val[:32]).reshape(b, p)
+    prompts = TokenPrompts(ctx, None, {"target": jnp.asarray(corpus.val[32:48]).reshape(b, 8)})
+    for estimator in ("k3", "exact"):
+        c = cfg.copy_and_resolve_references()
+        c.reference.kind, c.grpo.kl_estimator, c.reward.terms = "policy", estimator, "match"
+        c.group.vocab_chunk, c.group.loss_chunk = 13, 7
+        tx, sched = make_optimizer(c.optim, 4)
+        step, reference = make_step(c, corpus, model, params, tx, sched, lambda k, x: prompts)
+        state, inputs = init_state(params, tx, 0), StepInputs(None, reference[1])
+        if estimator == "k3":
+            rollout = jax.make_jaxpr(step.rollout)(state, inputs).jaxpr
+            assert _executed_dots(rollout, (b * p, d)) == 2 * per_prefill
+            continue
+        parts, _ = step.score(step.rollout(state, inputs))
+        args = (params, parts, (parts[0].logp_old,), True, (True,))
+        loss = jax.make_jaxpr(make_loss(c, model, reference), static_argnums=(4,))(*args)
+        assert _executed_dots(loss.jaxpr, (b * p, d)) == 2 * per_prefill
 
 
 def test_bfloat16_compute_keeps_float32_params_and_the_loss(setup):

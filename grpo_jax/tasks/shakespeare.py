@@ -103,10 +103,10 @@ def make_reference(kind, ref_cfg, corpus, policy, initial_params):
             corpus.train, corpus.vocab.size, ref_cfg.ngram_order, ref_cfg.smoothing
         )
         return Reference(
-            lambda lm_, prompts, tokens: reference.rollout_ref_logprobs(
+            lambda lm_, prompts: (reference.ngram_logprobs(lm_, prompts.tokens)[:, -1], None),
+            lambda lm_, _, prompts, tokens: reference.rollout_ref_logprobs(
                 lm_, prompts.tokens, tokens
             ),
-            lambda lm_, prompts: reference.ngram_logprobs(lm_, prompts.tokens)[:, -1],
         ), lm
     # a copy: the trainer donates the state, whose params start as these very buffers
     return policy_reference(policy), jax.tree.map(jnp.copy, initial_params)
