@@ -75,16 +75,34 @@ class Stop(NamedTuple):
     pad_id: int = 0
 
 
+SEGMENT_MIN_STEPS = 32  # decode loops this long grow their cache in segments
+
+
+def cache_segments(steps: int) -> tuple[int, ...]:
+    """The member cache's lengths along a decode of ``steps`` tokens: steps [0, e1) attend to
+    a cache of e1 slots, [e1, e2) to e2, ... up to ``steps``. A step attends over its whole
+    static cache, the slots not yet written masked out, so one cache of ``steps`` slots reads
+    and scores twice the slots a decode needs on average; quarter, half and full lengths cut
+    that to 69 % (the self-attention of the TRL-comparable step's 69 decode steps: -6 % of its
+    rollout; the plain exhaustive step's: -15 %) for three compiled copies of the step, so
+    only loops of at least SEGMENT_MIN_STEPS steps are split."""
+    if steps < SEGMENT_MIN_STEPS:
+        return (max(steps, 1),)
+    return (steps // 4, steps // 2, steps)
+
+
 def decode_members(model: Transformer, params, prefix: Prefix, first_tokens, u, sp, stop=None):
     """Decode ``H - 1`` tokens after each member's first token.
 
     first_tokens [B, K] int32; u [B, K, H] uniforms (u[..., 0] unused here).
     Returns (tokens [B, K, H], logp [B, K, H-1], entropy [B, K, H-1], mask [B, K, H]): the
     mask is 1 up to and including a member's EOS. A finished member keeps decoding pads (static
-    shapes); its slots are masked, so nothing it computes reaches a loss or a metric.
+    shapes); its slots are masked, so nothing it computes reaches a loss or a metric. The
+    member cache grows in segments (cache_segments), one ``lax.scan`` each.
     """
     b, k, h = u.shape
-    cache = empty_cache(model, b, k, max(h - 1, 1))
+    ends = cache_segments(h - 1)
+    cache = empty_cache(model, b, k, ends[0])
     eos = stop.eos_id if stop is not None else None
     done0 = first_tokens == eos if eos is not None else jnp.zeros((b, k), bool)
 
@@ -100,9 +118,14 @@ def decode_members(model: Transformer, params, prefix: Prefix, first_tokens, u, 
             done = done | (nxt == eos)
         return (cache, nxt, done), (nxt, lp, ent, alive)
 
-    _, (toks, lps, ents, alive) = jax.lax.scan(
-        step, (cache, first_tokens, done0), jnp.arange(h - 1)
-    )
+    carry, outs, start = (cache, first_tokens, done0), [], 0
+    for end in ends:
+        grow = lambda x, end=end: jnp.pad(x, [(0, 0)] * 3 + [(0, end - x.shape[3]), (0, 0)])
+        carry = (jax.tree.map(grow, carry[0]), *carry[1:])
+        carry, out = jax.lax.scan(step, carry, jnp.arange(start, min(end, h - 1)))
+        outs.append(out)
+        start = end
+    toks, lps, ents, alive = (jnp.concatenate(x, axis=0) for x in zip(*outs, strict=True))
     move = lambda x: jnp.moveaxis(x, 0, -1)
     tokens = jnp.concatenate([first_tokens[..., None], move(toks)], axis=-1)
     mask = jnp.concatenate([jnp.ones((b, k, 1), bool), move(alive)], axis=-1)

@@ -111,6 +111,32 @@ def test_rollout_logp_matches_training_forward_and_chunking(model_params):
     np.testing.assert_allclose(logp, train_lp, atol=1e-5)
 
 
+def test_a_long_decode_grows_its_cache_in_segments_with_the_same_samples(monkeypatch):
+    """40 tokens (39 decode steps >= rollout.SEGMENT_MIN_STEPS): the member cache grows 9 ->
+    19 -> 39 slots over three scans; the samples are the single-cache decode's and their
+    log-probs the training forward's."""
+    h = 40
+    m = Transformer(vocab_size=V, num_layers=2, num_heads=2, d_model=16, max_len=C + h)
+    p = init_params(m, jax.random.PRNGKey(0))
+    assert ro.cache_segments(h - 1) == (9, 19, 39)
+    ctx = jax.random.randint(jax.random.PRNGKey(3), (B, C), 0, V)
+    sp = ro.SamplingParams(temperature=0.8)
+    u = jax.random.uniform(jax.random.PRNGKey(4), (B, G, h))
+    forced = jnp.zeros((B, G), jnp.int32)
+    tokens, logp, _, mask, _ = _rollout(m, p, ctx, forced, u, sp)
+    np.testing.assert_array_equal(mask, 1.0)
+    _, logits = group_logits(m, p, ctx, tokens)
+    lp = jax.nn.log_softmax(logits / sp.temperature, -1)
+    np.testing.assert_allclose(
+        logp, jnp.take_along_axis(lp, tokens[..., None], -1)[..., 0], atol=1e-5
+    )
+    monkeypatch.setattr(ro, "SEGMENT_MIN_STEPS", 10**9)  # one cache of 39 slots
+    assert ro.cache_segments(h - 1) == (39,)
+    one_cache = _rollout(m, p, ctx, forced, u, sp)
+    np.testing.assert_array_equal(one_cache[0], tokens)
+    np.testing.assert_allclose(one_cache[1], logp, atol=1e-6)
+
+
 def test_sampled_first_actions_follow_policy(model_params):
     m, p = model_params
     ctx = jax.random.randint(jax.random.PRNGKey(5), (1, C), 0, V)
