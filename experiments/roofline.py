@@ -6,9 +6,13 @@ PYTHONPATH, this checkout's benchmark script), alternating A B A B over ``--roun
 reports its step time and its roofline (benchmark.roofline: matmul FLOPs counted through the
 traced program, XLA's cost analysis, the machine's matmul peak at the model's shapes).
 
-  git worktree add /tmp/before dee85ed          # the tree before issue 15's changes
+  git worktree add /tmp/before c2b650e          # the tree before the host-memory change
   GRPO_JAX_DATA=/work/shared/data/tinyshakespeare.txt python experiments/roofline.py \\
-      --before=/tmp/before --rounds=2
+      --before=/tmp/before --release_side --rounds=3
+
+``--release_side`` adds a third side, this checkout with ``--config.cpu_buffers=release``
+(jax's and glibc's memory defaults, as every earlier checkout ran): the code's own changes
+apart from the host-memory setting (grpo_jax/host.py).
 
 Workloads: ``trl_step`` (the TRL-comparable step: 8 prompts x G = 8, context 100, horizon 70,
 mu = 1, beta = 0.04, k3 to the frozen initial policy, reward match), ``exhaustive`` and
@@ -32,6 +36,12 @@ flags.DEFINE_string("before", "", "Another checkout whose grpo_jax is the 'befor
 flags.DEFINE_integer("rounds", 2, "Alternating rounds per workload.", lower_bound=1)
 flags.DEFINE_string("out_dir", "experiments/results", "Where the JSON and markdown go.")
 flags.DEFINE_string("name", "roofline_cpu", "Basename of the results files.")
+flags.DEFINE_bool(
+    "release_side",
+    False,
+    "Also run this checkout with --config.cpu_buffers=release (side 'after, release'): "
+    "the code's changes apart from the host memory setting (grpo_jax/host.py).",
+)
 
 HERE = Path(__file__).resolve().parent
 TRL_STEP = (
@@ -47,10 +57,13 @@ WORKLOADS = {
 }
 
 
-def bench(args: str, pythonpath: str) -> dict:
-    """One benchmark.py process; its last line is the JSON result."""
+def bench(args: str, side: tuple[str, str]) -> dict:
+    """One benchmark.py process on side (PYTHONPATH, extra flags); its last line is the JSON
+    result."""
+    pythonpath, extra = side
     env = {**os.environ, "PYTHONPATH": pythonpath}
-    cmd = [sys.executable, str(HERE / "benchmark.py"), *args.split(), "--breakdown_runs=1"]
+    cmd = [sys.executable, str(HERE / "benchmark.py"), *args.split(), *extra.split()]
+    cmd.append("--breakdown_runs=1")
     out = subprocess.run(cmd, env=env, capture_output=True, text=True, check=True)
     return json.loads(out.stdout.strip().splitlines()[-1])
 
@@ -78,6 +91,10 @@ def markdown(res: dict) -> str:
         f"Measured {res['date']} on {res['host']}; jax {res['jax']}; float32; "
         f"{res['rounds']} alternating rounds per workload (medians). Command: `{res['command']}`.",
         "",
+        "Sides: "
+        + "; ".join(f"{name}: `{where}`" for name, where in res["sides"].items())
+        + " (PYTHONPATH, then extra benchmark.py flags).",
+        "",
         "| workload | side | s/step | generated tokens/s | matmul GFLOP | XLA GFLOP (loops once) "
         "| achieved GFLOP/s | matmul peak GFLOP/s | of peak |",
         "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
@@ -102,14 +119,16 @@ def main(argv):
     import jax
 
     root = str(HERE.parent)
-    sides = {"after": root}
+    sides = {"after": (root, "")}
     if FLAGS.before:
-        sides = {"before": str(Path(FLAGS.before).resolve()), **sides}
+        sides = {"before": (str(Path(FLAGS.before).resolve()), ""), **sides}
+    if FLAGS.release_side:
+        sides["after, release"] = (root, "--config.cpu_buffers=release")
     raw = {w: {s: [] for s in sides} for w in WORKLOADS}
     for w, args in WORKLOADS.items():
         for _ in range(FLAGS.rounds):
-            for side, path in sides.items():
-                raw[w][side].append(bench(args, path))
+            for side, where in sides.items():
+                raw[w][side].append(bench(args, where))
                 print(w, side, f"{raw[w][side][-1]['median_step_s']:.4f} s/step", flush=True)
     workloads = {w: {s: summary(rows) for s, rows in by.items()} for w, by in raw.items()}
     ratio = {
@@ -123,7 +142,7 @@ def main(argv):
         "jax": jax.__version__,
         "rounds": FLAGS.rounds,
         "command": " ".join(["python experiments/roofline.py", *sys.argv[1:]]),
-        "sides": sides,
+        "sides": {name: " ".join(filter(None, side)) for name, side in sides.items()},
         "workloads": workloads,
         "exhaustive_over_sampled": ratio,
         "raw": raw,

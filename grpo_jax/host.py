@@ -3,8 +3,8 @@
 XLA:CPU gives every execution of a program one temp buffer (the TRL-comparable step's update
 alone: 350 MiB) and frees it when the call returns. glibc serves a block that large with a fresh
 ``mmap`` and unmaps it on ``free``, so every step page-faults its whole scratch back in, one
-zeroed 4 KiB page at a time: about 97,000 minor faults per update call, a fifth of its time on
-a 2-core CPU. Telling glibc to keep freed memory is not enough by itself: with jax's
+zeroed 4 KiB page at a time: about 97,000 minor faults per update call, a quarter of its time
+on a 2-core CPU. Telling glibc to keep freed memory is not enough by itself: with jax's
 asynchronous CPU dispatch the program runs on a worker thread, and a worker thread's malloc
 arena cannot hold a block over 64 MiB, which glibc then mmaps whatever it is told.
 
@@ -18,9 +18,12 @@ the process's entry point before jax starts its CPU backend:
     serves large blocks from its heap and keeps up to 2 GiB of freed memory, so the next call
     reuses the pages the last one mapped.
 
-Measured on a 2-core CPU (experiments/results/roofline_cpu.md): the TRL-comparable step
-0.54 -> 0.46 s, the plain exhaustive step 8 % and the plain sampled step 10 % faster. The
-costs: the process keeps its peak heap instead of returning it between steps, and the host
+Measured on a 2-core CPU (experiments/results/roofline_cpu.md, ``release`` and ``retain``
+alternating in one run, medians of 3 rounds): the TRL-comparable step 0.528 -> 0.482 s, the
+plain exhaustive step 1.334 -> 1.223 s, the plain sampled step 0.125 -> 0.116 s. Whether a
+process faults without these settings depends on where glibc happens to place the scratch: the
+main job's trainer at c2b650e did not (7 min 39 s for 300 steps, 7 min 22 s now). The costs:
+the process keeps its peak heap instead of returning it between steps, and the host
 cannot queue a step while the previous one runs (the trainer reads every step's loss before
 the next anyway). On a GPU or TPU the accelerator's memory is unaffected; the settings touch
 only host allocations and the CPU client. Without glibc (macOS, musl) only the dispatch

@@ -47,7 +47,7 @@ def get_config(arg=None):
     c.distributed = False  # join a multi-process run (--coordinator_address ... or auto-detected)
     # XLA:CPU's per-step scratch memory: retain (programs run on the calling thread and glibc
     # keeps freed memory, so a step reuses the last step's pages instead of faulting in fresh
-    # ones: 8-15 % faster CPU steps, grpo_jax/host.py) | release (jax's and glibc's defaults)
+    # ones: 7-9 % faster CPU steps, grpo_jax/host.py) | release (jax's and glibc's defaults)
     c.cpu_buffers = "retain"
 
     c.data = config_dict.ConfigDict()
