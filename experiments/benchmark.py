@@ -63,6 +63,12 @@ def roofline(config, task, step, state, inputs, compiled, step_s):
     """The step's matmul FLOPs (measure.step_flops), the GFLOP/s it achieves, and this
     machine's matmul peak at the model's own shapes (measure.matmul_peak): the roofline."""
     counts = step_flops(step.fused, state, inputs, compiled=compiled)
+    # each half's own count, for its MFU beside breakdown()'s times (tracing only: no compile)
+    batch = jax.eval_shape(step.rollout, state, inputs)
+    counts["rollout_matmul_flops"] = step_flops(step.rollout, state, inputs)["matmul_flops"]
+    counts["update_matmul_flops"] = step_flops(step.update, state, inputs, batch, None)[
+        "matmul_flops"
+    ]
     d, hidden = config.model.d_model, config.model.mlp_ratio * config.model.d_model
     v = state.params["embed"]["embedding"].shape[0]  # the tied output head's V
     rows = (task.tokens_per_step, max(1, task.tokens_per_step // config.data.horizon))

@@ -9,9 +9,9 @@ a part that fails or times out is recorded as such and the others still run):
 - ``probe``: the device (device_kind, platform, count), jax / jaxlib versions, the float32
   matmul precision (``jax_default_matmul_precision``: unset = DEFAULT, under which XLA runs
   float32 matmuls on TF32 tensor cores on NVIDIA GPUs since Ampere; the nominal float32 peak
-  is then TF32's), the measured matmul peak in float32 and bfloat16
-  at large shapes (``measure.matmul_peak``), and the matmul FLOPs of each benchmarked step's
-  two halves, ``step.rollout`` and ``step.update`` (``measure.step_flops`` on the same config).
+  is then TF32's) and the measured matmul peak in float32 and bfloat16 at large shapes
+  (``measure.matmul_peak``). It builds no step: each benchmark.py child counts its own step's
+  matmul FLOPs and its two halves' (``step.rollout``, ``step.update``) by tracing them.
 - ``step``: the TRL-comparable GRPO step (4 x 4 x 128 char GPT, 8 prompts x G = 8, context
   100, horizon 70, mu = 1, beta = 0.04, frozen-policy reference with k3, reward ``match``),
   ``experiments/benchmark.py`` in float32 and bfloat16 compute (params float32): s/step,
@@ -61,29 +61,36 @@ float32 only (benchmark.py in bfloat16 runs in the large part), V = 65 and 256 (
 tests/test_gpu_suite.py runs it (about 95 s of CPU time, under a minute on 2 idle cores).
 
 On a GPU machine lent to a session (/work/.library/device/README.md: one call runs at most
-600 s, 30 minutes of device time a session): its image has jax, flax, optax, orbax, torch,
-transformers, accelerate, tokenizers, absl, but not ml_collections, tensorboardX, trl or
-datasets (nor datasets' dill and multiprocess). Here, in the repo root, once:
+600 s, 15 minutes of device time a session, a machine's start included): its image has jax,
+flax, optax, orbax, torch, transformers, accelerate, tokenizers, absl, pyarrow, but not
+ml_collections, tensorboardX, trl or datasets (nor datasets' dill and multiprocess). Here, in
+the repo root, once (datasets 5.2 wants pyarrow >= 24, 4.8 >= 21: the run installs the one the
+image's pyarrow allows):
 
   echo /.whl/ >> .git/info/exclude; echo /shared/ >> .git/info/exclude
-  python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 \
+  D="python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 \
       --implementation cp --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 \
-      --platform manylinux2014_x86_64 -d .whl ml_collections==1.1.0 tensorboardX==2.6.5 \
-      trl==1.16.0 datasets==5.2.0 dill==0.4.1 multiprocess==0.70.19
+      --platform manylinux2014_x86_64"
+  $D -d .whl ml_collections==1.1.0 tensorboardX==2.6.5 trl==1.16.0 dill==0.4.1 \
+      multiprocess==0.70.19
+  $D -d .whl/ds5 datasets==5.2.0; $D -d .whl/ds4 datasets==4.8.5
   mkdir -p shared/data && cp "$GRPO_JAX_DATA" shared/data/   # the corpus, never committed
 
-then one device run (carry [".whl", "shared"], timeout_s 600):
+then one device run (carry [".whl", "shared"], timeout_s 595; ``--budget_s`` ends the suite
+inside the call, the parts that did not fit recorded as not run):
 
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-      --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site:$PWD || exit; \
+  DS=$(python3 -c "import pyarrow; print(5 if int(pyarrow.__version__.split('.')[0]) >= 24 \
+      else 4)"); python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir \
+      --upgrade --target /tmp/site .whl/*.whl .whl/ds$DS/*.whl \
+      && export PYTHONPATH=/tmp/site:$PWD || exit; \
   export GRPO_JAX_DATA=$PWD/shared/data/tinyshakespeare.txt PYTHONUNBUFFERED=1; \
-  python3 experiments/gpu_suite.py --out_dir=$OUT 2>&1 | tee $OUT/gpu_suite.log
+  python3 experiments/gpu_suite.py --out_dir=$OUT --budget_s=540 2>&1 | tee $OUT/gpu_suite.log
 
-(datasets 5.2 wants pyarrow >= 24: where the image's is older, the trl part records the
-import error and the rest runs; carry a pyarrow wheel too to fix it; a second call with
-``--parts=trl`` then adds nothing to the other parts' file, so name it ``--name=...``.) Back
-here the files lie under the reply's files_at: copy ``gpu_suite_<device>.json`` and ``.md``
-into experiments/results/ and commit those two paths (``git add`` each; nothing else).
+Back here the files lie under the reply's files_at: copy ``gpu_suite_<device>.json`` and
+``.md`` into experiments/results/ and commit those two paths (``git add`` each; nothing else).
+The first run (2026-11-26, one H200, experiments/results/gpu_suite_nvidia-h200.md) took
+180 s in a probe that then also traced four steps (now benchmark.py counts them), and the
+parts after V = 256 did not fit its call.
 """
 
 from __future__ import annotations
@@ -126,6 +133,14 @@ flags.DEFINE_integer(
     "jobs", 0, "Measurements at a time (0: 1, or 2 with --smoke; on a GPU keep 1).", lower_bound=0
 )
 flags.DEFINE_float("time_scale", 1.0, "Multiplies every part's time limit.", lower_bound=0.1)
+flags.DEFINE_float(
+    "budget_s",
+    0.0,
+    "The whole suite's wall-clock budget (0: none): each measurement's limit is cut to what "
+    "is left, and those that find under a minute left are recorded as not run, so a lease's "
+    "time limit ends the suite cleanly instead of killing it mid-part.",
+    lower_bound=0.0,
+)
 flags.DEFINE_string("child", "", "Internal: run one measurement here (probe) and print JSON.")
 flags.DEFINE_string("child_spec", "", "Internal: the child's JSON argument.")
 
@@ -134,6 +149,8 @@ CHILD_ENV_KEYS = (
     "JAX_DISABLE_MOST_OPTIMIZATIONS",
     "XLA_PYTHON_CLIENT_MEM_FRACTION",
 )
+START = time.perf_counter()  # --budget_s counts from here
+MIN_PART_S = 60  # a part given less than this is not started (no compile fits in it)
 OOM = ("RESOURCE_EXHAUSTED", "Out of memory", "out of memory", "OOM")
 
 
@@ -155,27 +172,40 @@ def run_child(job: dict, env: dict) -> dict:
     {"error": ...} record: a failing child never stops the suite."""
     cmd, timeout = job["cmd"], job["timeout"] * FLAGS.time_scale
     t0 = time.perf_counter()
-    try:
-        proc = subprocess.run(
-            cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout
-        )
-    except subprocess.TimeoutExpired:
-        res = {"error": f"timed out after {timeout:.0f} s"}
+    if FLAGS.budget_s:
+        timeout = min(timeout, FLAGS.budget_s - (t0 - START))
+    if FLAGS.budget_s and timeout < MIN_PART_S:
+        res = {"error": f"not run: --budget_s={FLAGS.budget_s:.0f} spent"}
     else:
-        lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
-        if proc.returncode == 0 and lines:
-            res = json.loads(lines[-1])
-        else:
-            tail = (proc.stderr.strip() or proc.stdout.strip() or "no output").splitlines()
-            err = next((ln for ln in reversed(tail) if "Error" in ln), tail[-1])
-            res = {"error": f"exit {proc.returncode}: {err[:400]}"}
-            if any(s in proc.stderr for s in OOM):
-                res["out_of_memory"] = True
+        res = run_command(cmd, env, timeout)
     res["wall_s"] = time.perf_counter() - t0
     res["command"] = job.get("shown") or shown(cmd, FLAGS.trl_python)
     status = res.get("error") or res.get("skipped") or "ok"
     print(f"{job['part']} {job['key']}: {status} ({res['wall_s']:.1f} s)", flush=True)
     print(f"  $ {res['command']}", flush=True)
+    return res
+
+
+def run_command(cmd: list, env: dict, timeout: float) -> dict:
+    """One child's last JSON line, or an {"error": ...} record (out_of_memory flagged)."""
+    try:
+        proc = subprocess.run(
+            cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout
+        )
+    except subprocess.TimeoutExpired as e:  # what it printed so far says where it was
+        err = e.stderr or b""
+        tail = (err.decode(errors="replace") if isinstance(err, bytes) else err).splitlines()
+        print("\n".join(f"  | {ln}" for ln in tail[-25:]), flush=True)
+        return {"error": f"timed out after {timeout:.0f} s"}
+    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
+    if proc.returncode == 0 and lines:
+        return json.loads(lines[-1])
+    tail = (proc.stderr.strip() or proc.stdout.strip() or "no output").splitlines()
+    print("\n".join(f"  | {ln}" for ln in tail[-25:]), flush=True)  # the log shows why
+    err = next((ln for ln in reversed(tail) if "Error" in ln), tail[-1])
+    res = {"error": f"exit {proc.returncode}: {err[:400]}"}
+    if any(s in proc.stderr for s in OOM):
+        res["out_of_memory"] = True
     return res
 
 

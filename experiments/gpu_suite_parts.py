@@ -30,51 +30,19 @@ TF32_PRECISIONS = (None, "", "default", "fastest", "tensorfloat32", "high", "bfl
 # the probe: gpu_suite.py --child=probe, in its own process
 
 
-def load_config(variant: str, overrides: dict):
-    """The packaged Shakespeare config (what ``--config=configs/shakespeare.py:<variant>``
-    loads) with ``overrides`` ({"a.b": value}) applied, as benchmark.py's flags apply them."""
-    from grpo_jax.configs.shakespeare import get_config
-
-    config = get_config(variant)
-    config.update_from_flattened_dict(dict(overrides))
-    return config
-
-
-def half_flops(variant: str, overrides: dict) -> dict:
-    """Matmul FLOPs of ``step.rollout`` and ``step.update`` (on the rollout's batch) of the
-    task benchmark.py builds from the same config (one device, plain jit: the same program)."""
-    import jax
-    import jax.numpy as jnp
-    from measure import step_flops
-
-    from grpo_jax import trainer
-    from grpo_jax.tasks import build_task
-
-    config = load_config(variant, overrides)
-    # its held-out evaluation is no part of the step: keep it small, fit no n-gram baselines
-    config.eval.num_windows = min(config.eval.num_windows, 8)
-    config.eval.ngram_baselines = ()
-    task = build_task(config, "train")
-    # the FLOPs depend on shapes alone: zeros of trainer.initial_params's shapes (no eager
-    # init, which costs seconds per model on a CPU)
-    shapes = jax.eval_shape(lambda: trainer.initial_params(config, task))
-    params = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), shapes)
-    step, inputs = task.build(params)
-    state = task.make_state(params)
-    batch = jax.eval_shape(step.rollout, state, inputs)  # shapes suffice for the count
-    return {
-        "rollout_matmul_flops": step_flops(step.rollout, state, inputs)["matmul_flops"],
-        "update_matmul_flops": step_flops(step.update, state, inputs, batch, None)["matmul_flops"],
-        "tokens_per_step": int(task.tokens_per_step),
-    }
+def progress(what: str) -> None:
+    """A line on stderr, which the suite's log shows if the probe runs out of time."""
+    print(f"probe: {what}", file=sys.stderr, flush=True)
 
 
 def probe(spec: dict) -> dict:
-    """The device, versions, matmul precision, measured peaks and the halves' FLOPs."""
+    """The device, versions, matmul precision and the measured matmul peaks (no step is built
+    here: benchmark.py counts each step's FLOPs, halves included, in its own process)."""
     import jax
     import jaxlib
     from measure import matmul_peak
 
+    progress("starting the backend")
     dev = jax.devices()[0]
     precision = jax.config.jax_default_matmul_precision
     out = {
@@ -93,16 +61,11 @@ def probe(spec: dict) -> dict:
         "xla_flags": os.environ.get("XLA_FLAGS", ""),
         "memory_bytes_limit": (dev.memory_stats() or {}).get("bytes_limit"),
         "measured_peak": {},
-        "halves": {},
     }
     for dtype in spec["dtypes"]:
+        progress(f"{dev.device_kind}: the {dtype} matmul peak")
         by_shape, best = matmul_peak([tuple(s) for s in spec["peak_shapes"]], dtype)
         out["measured_peak"][dtype] = {"flops_per_s": best * 1e9, "gflops_by_shape": by_shape}
-    for name, (variant, overrides) in spec["halves"].items():
-        try:
-            out["halves"][name] = half_flops(variant, overrides)
-        except Exception as e:  # recorded (the suite then exits 1), the device info kept
-            out["halves"][name] = {"error": f"{type(e).__name__}: {e}"[:300]}
     return out
 
 
@@ -176,7 +139,7 @@ def bench_job(part: str, cfg: dict, dtype: str) -> dict:
 def jobs_of(p: dict, parts, trl_python: str) -> list:
     """Every child of the run, in the order a GPU runs them (the probe first); the TRL part's
     in ``trl_python``."""
-    jobs = [probe_job(p, parts)]
+    jobs = [probe_job(p)]
     if "step" in parts:
         jobs += [bench_job("step", p["step"], d) for d in p["step"]["dtypes"]]
     if "trl" in parts:
@@ -194,21 +157,9 @@ def jobs_of(p: dict, parts, trl_python: str) -> list:
     return jobs
 
 
-def probe_job(p: dict, parts) -> dict:
-    """The probe (gpu_suite.py --child=probe), with the halves whose FLOPs the parts want."""
-    halves = {}
-    if "step" in parts:
-        for d in p["step"]["dtypes"]:
-            halves[f"step_{d}"] = (
-                p["step"]["variant"],
-                {**p["step"]["overrides"], "model.dtype": d},
-            )
-    if "large" in parts:
-        halves["large"] = (p["large"]["variant"], p["large"]["overrides"])
-        if p["large"].get("fallback_batch"):
-            fallback = {**p["large"]["overrides"], "train.batch_size": p["large"]["fallback_batch"]}
-            halves["large_fallback"] = (p["large"]["variant"], fallback)
-    spec = {"dtypes": p["dtypes"], "peak_shapes": p["peak_shapes"], "halves": halves}
+def probe_job(p: dict) -> dict:
+    """The probe (gpu_suite.py --child=probe): the device and its measured matmul peaks."""
+    spec = {"dtypes": p["dtypes"], "peak_shapes": p["peak_shapes"]}
     cmd = [sys.executable, str(SUITE), "--child=probe"]
     return {
         "part": "probe",

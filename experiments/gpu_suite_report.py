@@ -21,8 +21,9 @@ GPU_MEMORY_TARGET = 80e9  # "within 80 GB"
 # ---- figures from the children's records
 
 
-def bench_figures(r: dict, dtype: str, halves: dict | None, info: dict) -> dict:
-    """A benchmark.py record's figures: s/step, tokens/s, memory, MFU (step, halves)."""
+def bench_figures(r: dict, dtype: str, info: dict) -> dict:
+    """A benchmark.py record's figures: s/step, tokens/s, memory, MFU (the step and each of
+    its halves, from the record's own FLOP counts)."""
     if "error" in r:
         return r
     med, roof, bd = r["median_step_s"], r.get("roofline") or {}, r["breakdown"]
@@ -47,10 +48,10 @@ def bench_figures(r: dict, dtype: str, halves: dict | None, info: dict) -> dict:
         "wall_s": r["wall_s"],
         "command": r["command"],
     }
-    if halves and "error" not in halves:
-        out.update(halves)
-        out["rollout"] = utilisation(halves["rollout_matmul_flops"], bd["rollout_s"], dtype, info)
-        out["update"] = utilisation(halves["update_matmul_flops"], bd["update_s"], dtype, info)
+    for half in ("rollout", "update"):
+        flops = roof.get(f"{half}_matmul_flops")
+        out[f"{half}_matmul_flops"] = flops
+        out[half] = utilisation(flops, bd[f"{half}_s"], dtype, info)
     return out
 
 
@@ -75,15 +76,11 @@ def assemble(jobs: list) -> tuple[dict, dict]:
         if "result" in j:
             by_part.setdefault(j["part"], {})[j["key"]] = j["result"]
     info = by_part.get("probe", {}).get("device", {"error": "not run yet"})
-    if "error" in info:  # the parts are still reported; MFU and the device are then unknown
-        info = {**info, "halves": {}, "measured_peak": {}}
-    halves = info.get("halves", {})
+    if "error" in info:  # the parts are still reported; the device's peaks are then unknown
+        info = {**info, "measured_peak": {}}
     results = {"probe": info}
     if "step" in by_part:
-        results["step"] = {
-            d: bench_figures(r, d, halves.get(f"step_{d}"), info)
-            for d, r in by_part["step"].items()
-        }
+        results["step"] = {d: bench_figures(r, d, info) for d, r in by_part["step"].items()}
     if "trl" in by_part:
         results["trl"] = by_part["trl"]
     if "exhaustive" in by_part:
@@ -92,8 +89,7 @@ def assemble(jobs: list) -> tuple[dict, dict]:
         }
     if "large" in by_part:
         ((d, r),) = by_part["large"].items()
-        key = "large_fallback" if "fallback_after" in r else "large"
-        results["large"] = bench_figures(r, d, halves.get(key), info)
+        results["large"] = bench_figures(r, d, info)
         if "fallback_after" in r:
             results["large"]["fallback_after"] = r["fallback_after"]
     if "profile" in by_part:
@@ -115,7 +111,7 @@ def record(jobs: list, p: dict, *, smoke: bool, final: bool, t0: float, **run) -
         "smoke": smoke,
         "complete": final,
         "command": run["command"],
-        "device": {k: v for k, v in info.items() if k not in ("halves", "command")},
+        "device": {k: v for k, v in info.items() if k != "command"},
         "dtypes": list(p["dtypes"]),
         "child_env": run["child_env"],
         "workers": run["workers"],

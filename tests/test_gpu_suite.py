@@ -40,6 +40,9 @@ def test_gpu_suite_smoke(tmp_path, shakespeare_path):
                     "wall_s", "peak_memory_bytes", "matmul_flops", "rollout_matmul_flops",
                     "update_matmul_flops"):  # fmt: skip
             assert positive(r[key]), (key, r.get(key))
+        # the halves' counts are the step's, split (one program: rollout, then update)
+        halves = r["rollout_matmul_flops"] + r["update_matmul_flops"]
+        assert abs(halves - r["matmul_flops"]) <= 1e-6 * r["matmul_flops"], (halves, r)
         for half in ("step", "rollout", "update"):
             assert positive(r[half]["mfu_measured"]) and r[half]["mfu_nominal"] is None
         assert r["command"].startswith("python experiments/benchmark.py")
@@ -75,3 +78,21 @@ def test_gpu_suite_smoke(tmp_path, shakespeare_path):
                     "## Larger model", "## Where the GRPO step's time", "## Commands"):  # fmt: skip
         assert heading in text, heading
     assert device["jax"] in text and device["device_kind"] in text
+
+
+def test_a_spent_budget_records_every_part_as_not_run(tmp_path):
+    """--budget_s: what does not fit is recorded, not started, and the outputs still written."""
+    cmd = [sys.executable, "experiments/gpu_suite.py", "--smoke", f"--out_dir={tmp_path}",
+           "--budget_s=1", "--name=spent"]  # fmt: skip
+    env = {**os.environ, "JAX_PLATFORMS": "cpu"}
+    done = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 1 and "failed parts: probe" in done.stderr, done.stderr[-2000:]
+    raw = json.loads((tmp_path / "spent.json").read_text())
+    assert raw["complete"] is True and (tmp_path / "spent.md").exists()
+    errors = [raw["results"]["probe"]["error"]] + [
+        r["error"] for part in ("step", "trl", "exhaustive", "large", "profile")
+        for r in (raw["results"][part].values() if part != "large" else [raw["results"][part]])
+    ]  # fmt: skip
+    assert len(errors) == 1 + 1 + 2 + 2 + 1 + 1
+    assert set(errors) == {"not run: --budget_s=1 spent"}, errors
+    assert all(r["wall_s"] < 1 for r in raw["results"]["exhaustive"].values())
