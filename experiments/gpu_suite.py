@@ -86,8 +86,12 @@ inside the call, the parts that did not fit recorded as not run):
   export GRPO_JAX_DATA=$PWD/shared/data/tinyshakespeare.txt PYTHONUNBUFFERED=1; \
   python3 experiments/gpu_suite.py --out_dir=$OUT --budget_s=540 2>&1 | tee $OUT/gpu_suite.log
 
-Back here the files lie under the reply's files_at: copy ``gpu_suite_<device>.json`` and
-``.md`` into experiments/results/ and commit those two paths (``git add`` each; nothing else).
+On one H200 the whole suite takes longer than one call (V = 50,000 alone: 36 s to compile,
+104 s an iteration). Back here the files lie under the reply's files_at: copy
+``gpu_suite_<device>.json`` into a folder .git/info/exclude ignores (``.gpu_prev/``), and
+the next call (carry it too) adds ``--resume=.gpu_prev/gpu_suite_<device>.json``: the probe
+runs again, every measurement recorded there without an error is kept, the rest run. Then copy
+the last call's ``.json`` and ``.md`` into experiments/results/ and commit those two paths.
 The first run (2026-11-26, one H200, experiments/results/gpu_suite_nvidia-h200.md) took
 180 s in a probe that then also traced four steps (now benchmark.py counts them), and the
 parts after V = 256 did not fit its call.
@@ -140,6 +144,12 @@ flags.DEFINE_float(
     "is left, and those that find under a minute left are recorded as not run, so a lease's "
     "time limit ends the suite cleanly instead of killing it mid-part.",
     lower_bound=0.0,
+)
+flags.DEFINE_string(
+    "resume",
+    "",
+    "A JSON this suite wrote before on the same device kind: its measurements with the same "
+    "command and no error are kept, the rest run (a suite longer than one lease call).",
 )
 flags.DEFINE_string("child", "", "Internal: run one measurement here (probe) and print JSON.")
 flags.DEFINE_string("child_spec", "", "Internal: the child's JSON argument.")
@@ -282,6 +292,9 @@ def main(argv):
             raw = report.record(jobs, p, smoke=smoke, final=final, t0=t0, **run)
             return raw, report.write(raw, out_dir, FLAGS.name)
 
+    if FLAGS.resume:  # the probe first: the kept measurements must be this device kind's
+        run_jobs(jobs[:1], env, 1)
+        print(f"kept from {FLAGS.resume}: {resume(jobs, FLAGS.resume)}", flush=True)
     run_jobs(jobs, env, workers, done=lambda: write(final=False))
     raw, path = write(final=True)
     print(report.markdown(raw))
@@ -290,6 +303,34 @@ def main(argv):
     if failed:
         print(f"failed parts: {', '.join(failed)}", file=sys.stderr)
         sys.exit(1)
+
+
+def resume(jobs: list, path: str) -> int:
+    """Gives ``jobs`` the results recorded in ``path`` for the same part, key and command
+    (errors and skips run again); exits with an error line where ``path`` is no suite record
+    or was measured on another device kind than ``jobs[0]``'s probe. Returns how many."""
+    try:
+        old = json.loads(Path(path).read_text())
+        records, kind = old["child_records"], old["device"].get("device_kind")
+    except (OSError, ValueError, KeyError, AttributeError) as e:
+        sys.exit(f"error: --resume={path}: not a record this suite wrote ({e}); pass its JSON")
+    here = jobs[0]["result"].get("device_kind")
+    if kind != here:
+        sys.exit(f"error: --resume={path} was measured on {kind!r}, this is {here!r}: "
+                 "resume only on the same device kind, or run without --resume")  # fmt: skip
+    done = {
+        (r["part"], r["key"], r["result"].get("command")): r["result"]
+        for r in records
+        if r["part"] != "probe" and not ({"error", "skipped"} & set(r["result"]))
+    }
+    kept = 0
+    for job in jobs[1:]:
+        command = job.get("shown") or shown(job["cmd"], FLAGS.trl_python)
+        result = done.get((job["part"], job["key"], command))
+        if result is not None:
+            job["result"] = {**result, "resumed_from": path}
+            kept += 1
+    return kept
 
 
 def has_error(x) -> bool:

@@ -121,6 +121,12 @@ def record(jobs: list, p: dict, *, smoke: bool, final: bool, t0: float, **run) -
         "targets": targets(results, info.get("platform") == "gpu", wall, smoke),
         "results": results,
         "commands": [j["result"]["command"] for j in jobs if "command" in j.get("result", {})],
+        # each child's own record, as it printed it (what --resume reads back)
+        "child_records": [
+            {"part": j["part"], "key": j["key"], "result": j["result"]}
+            for j in jobs
+            if "result" in j
+        ],
     }
 
 

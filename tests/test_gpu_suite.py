@@ -78,6 +78,33 @@ def test_gpu_suite_smoke(tmp_path, shakespeare_path):
                     "## Larger model", "## Where the GRPO step's time", "## Commands"):  # fmt: skip
         assert heading in text, heading
     assert device["jax"] in text and device["device_kind"] in text
+    check_resume(js, env)
+
+
+def check_resume(js: Path, env: dict):
+    """--resume keeps every measurement of a record from the same device kind (only the probe
+    runs again) and refuses one from another kind with one error line."""
+    cmd = [sys.executable, "experiments/gpu_suite.py", "--smoke", f"--out_dir={js.parent}"]
+    done = subprocess.run([*cmd, f"--resume={js}", "--name=resumed"], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
+    first, again = (json.loads(f.read_text()) for f in (js, js.parent / "resumed.json"))
+    records = [r["result"] for r in again["child_records"] if r["part"] != "probe"]
+    assert len(records) == len(first["child_records"]) - 1
+    for r in records:  # a skip (TRL not installed here) is asked again, never kept
+        assert r.get("resumed_from") == (None if "skipped" in r else str(js)), r
+    assert sum("resumed_from" in r for r in records) >= 5  # step, V x2, large, profile
+    assert (
+        again["results"]["step"]["float32"]["median_step_s"]
+        == (first["results"]["step"]["float32"]["median_step_s"])
+    )
+    assert again["wall_s"] < first["wall_s"]
+    other = js.parent / "other.json"
+    other.write_text(json.dumps({**first, "device": {**first["device"], "device_kind": "Other"}}))
+    done = subprocess.run([*cmd, f"--resume={other}"], cwd=ROOT, env=env, capture_output=True,
+                          text=True, timeout=300)  # fmt: skip
+    assert done.returncode == 1
+    assert done.stderr.strip().splitlines()[-1].startswith(f"error: --resume={other} was measured")
 
 
 def test_a_spent_budget_records_every_part_as_not_run(tmp_path):
