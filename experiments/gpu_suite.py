@@ -279,6 +279,7 @@ def main(argv):
     run = {
         "command": "python experiments/gpu_suite.py "
         + " ".join(shlex.quote(a) for a in sys.argv[1:]),
+        "git": git_state(),
         "child_env": {k: env[k] for k in CHILD_ENV_KEYS if k in env},
         "workers": workers,
     }
@@ -305,6 +306,20 @@ def main(argv):
         sys.exit(1)
 
 
+def git_state() -> dict | None:
+    """The checkout's commit and whether it has uncommitted changes (None: not a git checkout,
+    e.g. a device machine's copy of the working tree)."""
+    try:
+        git = ["git", "-C", str(ROOT)]
+        commit = subprocess.run([*git, "rev-parse", "HEAD"], capture_output=True, text=True)
+        status = subprocess.run([*git, "status", "--porcelain"], capture_output=True, text=True)
+    except OSError:
+        return None
+    if commit.returncode != 0:
+        return None
+    return {"commit": commit.stdout.strip(), "dirty": bool(status.stdout.strip())}
+
+
 def resume(jobs: list, path: str) -> int:
     """Gives ``jobs`` the results recorded in ``path`` for the same part, key and command
     (errors and skips run again); exits with an error line where ``path`` is no suite record
@@ -328,7 +343,8 @@ def resume(jobs: list, path: str) -> int:
         command = job.get("shown") or shown(job["cmd"], FLAGS.trl_python)
         result = done.get((job["part"], job["key"], command))
         if result is not None:
-            job["result"] = {**result, "resumed_from": path}
+            # which code measured it: the old record's checkout, not this one
+            job["result"] = {**result, "resumed_from": path, "measured_at": old.get("git")}
             kept += 1
     return kept
 

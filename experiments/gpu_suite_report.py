@@ -102,8 +102,8 @@ def assemble(jobs: list) -> tuple[dict, dict]:
 
 
 def record(jobs: list, p: dict, *, smoke: bool, final: bool, t0: float, **run) -> dict:
-    """The suite's JSON record of the jobs done so far (``run``: its command, child_env and
-    workers; ``t0``: its start, ``time.perf_counter()``)."""
+    """The suite's JSON record of the jobs done so far (``run``: its command, the checkout's
+    git state, child_env and workers; ``t0``: its start, ``time.perf_counter()``)."""
     results, part_wall = assemble(jobs)
     info, wall = results["probe"], time.perf_counter() - t0
     return {
@@ -111,6 +111,7 @@ def record(jobs: list, p: dict, *, smoke: bool, final: bool, t0: float, **run) -
         "smoke": smoke,
         "complete": final,
         "command": run["command"],
+        "git": run["git"],
         "device": {k: v for k, v in info.items() if k != "command"},
         "dtypes": list(p["dtypes"]),
         "child_env": run["child_env"],

@@ -93,6 +93,7 @@ def check_resume(js: Path, env: dict):
     assert len(records) == len(first["child_records"]) - 1
     for r in records:  # a skip (TRL not installed here) is asked again, never kept
         assert r.get("resumed_from") == (None if "skipped" in r else str(js)), r
+        assert "skipped" in r or r["measured_at"] == first["git"]
     assert sum("resumed_from" in r for r in records) >= 5  # step, V x2, large, profile
     assert (
         again["results"]["step"]["float32"]["median_step_s"]
