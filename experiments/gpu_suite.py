@@ -94,7 +94,10 @@ runs again, every measurement recorded there without an error is kept, the rest 
 the last call's ``.json`` and ``.md`` into experiments/results/ and commit those two paths.
 The first run (2026-11-26, one H200, experiments/results/gpu_suite_nvidia-h200.md) took
 180 s in a probe that then also traced four steps (now benchmark.py counts them), and the
-parts after V = 256 did not fit its call.
+parts after V = 256 did not fit its call. That committed record can itself be resumed on an
+H200 (``--resume=experiments/results/gpu_suite_nvidia-h200.json``: the large model, the
+profile and the now-chunked V = 65 / 256 then run) while the engine is the one its ``git``
+names; each kept measurement says so in ``measured_at``.
 """
 
 from __future__ import annotations
