@@ -123,6 +123,7 @@ sys.path.insert(0, str(HERE))  # measure.py, trl_grpo.py, gpu_suite_*.py beside 
 import gpu_suite_report as report  # noqa: E402
 from gpu_suite_parts import jobs_of, probe, shown  # noqa: E402
 from gpu_suite_plan import plan  # noqa: E402
+from versus_trl import git_state  # noqa: E402
 
 FLAGS = flags.FLAGS
 PARTS = ("step", "trl", "exhaustive", "large", "profile")
@@ -199,6 +200,11 @@ def run_child(job: dict, env: dict) -> dict:
     return res
 
 
+def show_tail(lines: list) -> None:
+    """The last lines a failed child printed, indented, into the suite's log."""
+    print("\n".join(f"  | {ln}" for ln in lines[-25:]), flush=True)
+
+
 def run_command(cmd: list, env: dict, timeout: float) -> dict:
     """One child's last JSON line, or an {"error": ...} record (out_of_memory flagged)."""
     try:
@@ -207,14 +213,13 @@ def run_command(cmd: list, env: dict, timeout: float) -> dict:
         )
     except subprocess.TimeoutExpired as e:  # what it printed so far says where it was
         err = e.stderr or b""
-        tail = (err.decode(errors="replace") if isinstance(err, bytes) else err).splitlines()
-        print("\n".join(f"  | {ln}" for ln in tail[-25:]), flush=True)
+        show_tail((err.decode(errors="replace") if isinstance(err, bytes) else err).splitlines())
         return {"error": f"timed out after {timeout:.0f} s"}
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
     if proc.returncode == 0 and lines:
         return json.loads(lines[-1])
     tail = (proc.stderr.strip() or proc.stdout.strip() or "no output").splitlines()
-    print("\n".join(f"  | {ln}" for ln in tail[-25:]), flush=True)  # the log shows why
+    show_tail(tail)
     err = next((ln for ln in reversed(tail) if "Error" in ln), tail[-1])
     res = {"error": f"exit {proc.returncode}: {err[:400]}"}
     if any(s in proc.stderr for s in OOM):
@@ -307,20 +312,6 @@ def main(argv):
     if failed:
         print(f"failed parts: {', '.join(failed)}", file=sys.stderr)
         sys.exit(1)
-
-
-def git_state() -> dict | None:
-    """The checkout's commit and whether it has uncommitted changes (None: not a git checkout,
-    e.g. a device machine's copy of the working tree)."""
-    try:
-        git = ["git", "-C", str(ROOT)]
-        commit = subprocess.run([*git, "rev-parse", "HEAD"], capture_output=True, text=True)
-        status = subprocess.run([*git, "status", "--porcelain"], capture_output=True, text=True)
-    except OSError:
-        return None
-    if commit.returncode != 0:
-        return None
-    return {"commit": commit.stdout.strip(), "dirty": bool(status.stdout.strip())}
 
 
 def resume(jobs: list, path: str) -> int:

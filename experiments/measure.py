@@ -103,21 +103,26 @@ def _sub_jaxprs(eqn):
     return out
 
 
-def matmul_flops_of(jaxpr, batched: bool | None = None) -> int:
-    """Matmul FLOPs (2·M·N·K per dot_general) a jaxpr executes, loops included: a scan's
-    body counts ``length`` times (a while loop's once: its trip count is not static).
-    ``batched``: None counts every dot_general, True only those with batch dimensions
-    (attention's scores and values), False only those without (the dense layers)."""
-    total = 0
+def executed_dots(jaxpr, times: int = 1):
+    """(dot_general equation, how many times it runs) for every matmul a jaxpr executes: a
+    scan's body runs ``length`` times, a while loop's once (its trip count is not static)."""
     for eqn in jaxpr.eqns:
         if eqn.primitive.name == "dot_general":
-            (lc, _), (lb, _) = eqn.params["dimension_numbers"]
-            lhs = eqn.invars[0].aval.shape
-            contracted = math.prod(lhs[d] for d in lc)
-            if batched is None or batched == bool(lb):
-                total += 2 * math.prod(eqn.outvars[0].aval.shape) * contracted
-        for sub, times in _sub_jaxprs(eqn):
-            total += times * matmul_flops_of(sub, batched)
+            yield eqn, times
+        for sub, n in _sub_jaxprs(eqn):
+            yield from executed_dots(sub, times * n)
+
+
+def matmul_flops_of(jaxpr, batched: bool | None = None) -> int:
+    """Matmul FLOPs (2·M·N·K per dot_general) a jaxpr executes, loops included
+    (executed_dots). ``batched``: None counts every dot_general, True only those with batch
+    dimensions (attention's scores and values), False only those without (the dense layers)."""
+    total = 0
+    for eqn, times in executed_dots(jaxpr):
+        (lc, _), (lb, _) = eqn.params["dimension_numbers"]
+        if batched is None or batched == bool(lb):
+            contracted = math.prod(eqn.invars[0].aval.shape[d] for d in lc)
+            total += times * 2 * math.prod(eqn.outvars[0].aval.shape) * contracted
     return total
 
 

@@ -159,10 +159,14 @@ def shell_line(cmd: list[str], data: str) -> str:
 
 
 def git_state() -> dict:
-    """The checkout measured: HEAD and the tracked files that differ from it."""
+    """The checkout measured: HEAD and the tracked files that differ from it (HEAD None where
+    there is no git checkout, e.g. a device machine's copy of the working tree)."""
 
     def git(*args):
-        r = subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True)
+        try:
+            r = subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True)
+        except OSError:  # no git at all
+            return None
         return r.stdout.rstrip() if r.returncode == 0 else None
 
     dirty = git("status", "--porcelain", "--untracked-files=no")

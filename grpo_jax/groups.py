@@ -257,15 +257,16 @@ def make_collect(
         return out[0], out[1], out[3]
 
     def part(ref_state, prompts, tokens, logp, mask, member_mask, actions, action_mask, w=None):
-        # π_ref's prompt runs once: its decision point and the context of every member chunk
+        # π_ref's prompt runs once: the decision point's exact KL (forced parts only: a
+        # sampled part has no such point) and the context of every member chunk
+        forced = actions.shape[1] > 0
         first, context = (None, None)
-        if reference is not None:
+        if reference is not None and (forced or reference_needs):
             first, context = jax.named_scope("reference")(reference.prefill)(ref_state, prompts)
+        first = first if forced else None
         ref = ref_terms(ref_state, context, prompts, tokens)
         ref = {k: pad_time(x, t) for k, x in ref.items()}
         ref_dist = ref.get("dist", jnp.zeros(tokens.shape[:2] + (t, 0), jnp.float32))
-        # the decision point's exact KL: forced parts only (a sampled part has no such point)
-        first = first if actions.shape[1] > 0 else None
         tokens, logp, mask = pad_time(tokens, t), pad_time(logp, t), pad_time(mask, t)
         zeros = jnp.zeros(tokens.shape, jnp.float32)
         return Part(

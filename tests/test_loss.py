@@ -1,6 +1,9 @@
 """The GRPO loss through the real model: estimators against analytic gradients, and a whole
 train step that is invariant to chunking the vocabulary."""
 
+import sys
+from pathlib import Path
+
 import chex
 import jax
 import jax.numpy as jnp
@@ -19,6 +22,9 @@ from grpo_jax.specs import EngineSpec
 from grpo_jax.tasks import shakespeare as shakespeare_task
 from grpo_jax.tasks.shakespeare import make_reference
 from grpo_jax.train_state import StepInputs, init_state, make_optimizer
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "experiments"))
+from measure import executed_dots  # the FLOP counter's own jaxpr walk
 
 
 @pytest.fixture(scope="module")
@@ -274,18 +280,8 @@ def test_reference_in_member_chunks_equals_the_materialised_kl(setup, estimator,
 
 def _executed_dots(jaxpr, lhs_shape) -> int:
     """dot_generals with this lhs shape that a jaxpr executes: a scan's (lax.map's) body
-    counts once per iteration."""
-    n = 0
-    for eqn in jaxpr.eqns:
-        if eqn.primitive.name == "dot_general":
-            n += eqn.invars[0].aval.shape == lhs_shape
-        times = eqn.params["length"] if eqn.primitive.name == "scan" else 1
-        for v in eqn.params.values():
-            for x in v if isinstance(v, tuple | list) else (v,):
-                inner = getattr(x, "jaxpr", x)
-                if hasattr(inner, "eqns"):
-                    n += times * _executed_dots(inner, lhs_shape)
-    return n
+    counts once per iteration (measure.executed_dots)."""
+    return sum(n for eqn, n in executed_dots(jaxpr) if eqn.invars[0].aval.shape == lhs_shape)
 
 
 def test_the_references_prompt_runs_once_however_the_members_are_chunked(setup):

@@ -45,9 +45,8 @@ def get_config(arg=None):
     c.seed = 0  # root PRNG seed; every step's key is fold_in(root, step)
     c.init_from = ""  # checkpoint dir (e.g. a pretrain workdir) to initialise params from
     c.distributed = False  # join a multi-process run (--coordinator_address ... or auto-detected)
-    # XLA:CPU's per-step scratch memory: retain (programs run on the calling thread and glibc
-    # keeps freed memory, so a step reuses the last step's pages instead of faulting in fresh
-    # ones: 7-9 % faster CPU steps, grpo_jax/host.py) | release (jax's and glibc's defaults)
+    # XLA:CPU's per-step scratch memory (grpo_jax/host.py): retain (reused from step to step
+    # instead of page-faulted in anew) | release (jax's and glibc's defaults)
     c.cpu_buffers = "retain"
 
     c.data = config_dict.ConfigDict()

@@ -33,9 +33,8 @@ def get_config(arg=None):
     c.seed = 0  # root PRNG seed: SFT, reward model, GRPO steps (and the world, see toy.world_seed)
     c.init_from = ""  # checkpoint dir to initialise the policy from (default: the SFT policy)
     c.distributed = False  # join a multi-process run (--coordinator_address ... or auto-detected)
-    # XLA:CPU's per-step scratch memory: retain (programs run on the calling thread and glibc
-    # keeps freed memory, so a step reuses the last step's pages instead of faulting in fresh
-    # ones: 7-9 % faster CPU steps, grpo_jax/host.py) | release (jax's and glibc's defaults)
+    # XLA:CPU's per-step scratch memory (grpo_jax/host.py): retain (reused from step to step
+    # instead of page-faulted in anew) | release (jax's and glibc's defaults)
     c.cpu_buffers = "retain"
 
     c.toy = config_dict.ConfigDict()
