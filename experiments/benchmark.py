@@ -38,6 +38,9 @@ flags.DEFINE_integer("breakdown_runs", 3, "Runs per breakdown part (median).", l
 flags.DEFINE_string("out", "", "Also append the JSON line to this file.")
 flags.DEFINE_bool("mesh", True, "Step on config.mesh as the trainer does (--nomesh: plain jit).")
 flags.DEFINE_bool("roofline", True, "Count the step's FLOPs and time matmuls at its shapes.")
+flags.DEFINE_bool(
+    "flops_only", False, "Only count the step's matmul FLOPs by tracing (no compile, no run)."
+)
 
 
 def breakdown(step, state, inputs, runs):
@@ -59,16 +62,29 @@ def breakdown(step, state, inputs, runs):
     }
 
 
-def roofline(config, task, step, state, inputs, compiled, step_s):
-    """The step's matmul FLOPs (measure.step_flops), the GFLOP/s it achieves, and this
-    machine's matmul peak at the model's own shapes (measure.matmul_peak): the roofline."""
+def flop_counts(step, state, inputs, compiled=None):
+    """The step's matmul FLOPs (measure.step_flops) and each half's, for its MFU beside
+    breakdown()'s times. Tracing only: the count is the traced program's, the same on any
+    device (so a CPU counts a GPU run's work: --flops_only)."""
     counts = step_flops(step.fused, state, inputs, compiled=compiled)
-    # each half's own count, for its MFU beside breakdown()'s times (tracing only: no compile)
     batch = jax.eval_shape(step.rollout, state, inputs)
     counts["rollout_matmul_flops"] = step_flops(step.rollout, state, inputs)["matmul_flops"]
     counts["update_matmul_flops"] = step_flops(step.update, state, inputs, batch, None)[
         "matmul_flops"
     ]
+    return counts
+
+
+def roofline(config, task, step, state, inputs, compiled, step_s):
+    """flop_counts, the GFLOP/s the step achieves and, on a CPU, this machine's matmul peak at
+    the model's own shapes (measure.matmul_peak): the roofline. Not on a GPU, where XLA
+    autotunes each timing loop's fused matmul for minutes (on one H200 the bfloat16 loop at
+    8192^3 compiled for over 150 s); GPU runs use gpu_suite's probe and nominal peaks."""
+    counts = flop_counts(step, state, inputs, compiled)
+    achieved = counts["matmul_flops"] / step_s / 1e9
+    out = {**counts, "achieved_gflops": achieved}
+    if jax.default_backend() != "cpu":
+        return {**out, "matmul_peak_gflops": None, "fraction_of_peak": None}
     d, hidden = config.model.d_model, config.model.mlp_ratio * config.model.d_model
     v = state.params["embed"]["embedding"].shape[0]  # the tied output head's V
     rows = (task.tokens_per_step, max(1, task.tokens_per_step // config.data.horizon))
@@ -76,26 +92,22 @@ def roofline(config, task, step, state, inputs, compiled, step_s):
         (r, k, n) for r in rows for k, n in ((d, 3 * d), (d, d), (d, hidden), (hidden, d), (d, v))
     ]
     per_shape, peak = matmul_peak(shapes, config.model.get("dtype", "float32"))
-    achieved = counts["matmul_flops"] / step_s / 1e9
     return {
-        **counts,
-        "achieved_gflops": achieved,
+        **out,
         "matmul_peak_gflops": peak,
         "matmul_gflops_by_shape": per_shape,
         "fraction_of_peak": achieved / peak,
     }
 
 
-def main(argv):
-    if len(argv) > 1:
-        raise app.UsageError(f"unexpected arguments: {argv[1:]}")
-    config = FLAGS.config
-    cpu_buffers = configure_host(config)
+def build(config):
+    """(task, step, jitted step, state, inputs, mesh, params count) as the trainer builds
+    them: on config.mesh (sharded state and inputs, member shard_map) or, --nomesh, plain jit."""
     task = build_task(config, "train")
     params0 = trainer.initial_params(config, task)
     n_params = sum(x.size for x in jax.tree.leaves(params0))
     mesh = sharding.make_mesh(config.get("mesh")) if FLAGS.mesh else None
-    if mesh is not None:  # the trainer's path: sharded state/inputs, member shard_map
+    if mesh is not None:
         sharding.check_batch(config.train.batch_size, mesh)
         step, inputs = task.build(params0, mesh=mesh)
         fsdp = bool(config.mesh.shard_params)
@@ -110,7 +122,19 @@ def main(argv):
         else:  # a Python reward splits the step: sharding.jit_step on one device
             one = sharding.make_mesh(None, jax.devices()[:1])
             jstep, state, inputs, _ = sharding.jit_step(step, one, state, inputs)
+    return task, step, jstep, state, inputs, mesh, int(n_params)
 
+
+def main(argv):
+    if len(argv) > 1:
+        raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+    config = FLAGS.config
+    cpu_buffers = configure_host(config)
+    task, step, jstep, state, inputs, mesh, n_params = build(config)
+    if FLAGS.flops_only:
+        counts = {"params": n_params, "tokens_per_step": task.tokens_per_step}
+        print(json.dumps({**counts, **flop_counts(step, state, inputs)}))
+        return
     compiled, state, metrics, compile_s, times = time_train_step(
         jstep, state, inputs, FLAGS.warmup, FLAGS.steps
     )
@@ -129,7 +153,7 @@ def main(argv):
         "device": f"{dev.device_kind} / {dev.platform}",
         "num_devices": jax.device_count(),
         "group_mode": config.group.mode,
-        "params": int(n_params),
+        "params": n_params,
         "tokens_per_step": task.tokens_per_step,
         "compile_s": compile_s,
         "median_step_s": med,
@@ -171,11 +195,18 @@ def main(argv):
         f"peak memory {res['peak_memory_bytes'] / 2**20:.1f} MiB ({res['peak_memory_source']})"
     )
     if roof is not None:
-        pct, peak = 100 * roof["fraction_of_peak"], roof["matmul_peak_gflops"]
+        peak = roof["matmul_peak_gflops"]
+        at_peak = (
+            ""
+            if peak is None
+            else (
+                f" = {100 * roof['fraction_of_peak']:.0f}% of this machine's matmul peak at the "
+                f"model's shapes ({peak:.1f} GFLOP/s)"
+            )
+        )
         print(
             f"roofline: {roof['matmul_flops'] / 1e9:.2f} GFLOP matmul per step -> "
-            f"{roof['achieved_gflops']:.1f} GFLOP/s = {pct:.0f}% of this machine's matmul "
-            f"peak at the model's shapes ({peak:.1f} GFLOP/s)"
+            f"{roof['achieved_gflops']:.1f} GFLOP/s{at_peak}"
         )
     line = json.dumps(res)
     if FLAGS.out:

@@ -6,12 +6,14 @@ large V, and a larger model, written as one JSON and one markdown table.
 Parts, each measured in its own subprocess (so ``memory_stats()`` peaks are each part's own;
 a part that fails or times out is recorded as such and the others still run):
 
-- ``probe``: the device (device_kind, platform, count), jax / jaxlib versions, the float32
+- ``probe``: the device (device_kind, platform, count), jax / jaxlib versions and the float32
   matmul precision (``jax_default_matmul_precision``: unset = DEFAULT, under which XLA runs
   float32 matmuls on TF32 tensor cores on NVIDIA GPUs since Ampere; the nominal float32 peak
-  is then TF32's) and the measured matmul peak in float32 and bfloat16 at large shapes
-  (``measure.matmul_peak``). It builds no step: each benchmark.py child counts its own step's
-  matmul FLOPs and its two halves' (``step.rollout``, ``step.update``) by tracing them.
+  is then TF32's). It builds no step: each benchmark.py child counts its own step's matmul
+  FLOPs and its two halves' (``step.rollout``, ``step.update``) by tracing them.
+- ``peak``: the measured matmul peak at large shapes (``measure.matmul_peak``), one process
+  per dtype with its own time limit: on one H200 (2026-11-26) the bfloat16 loop's compile
+  outlasted the probe's 300 s when the probe measured both, and the record lost its device.
 - ``step``: the TRL-comparable GRPO step (4 x 4 x 128 char GPT, 8 prompts x G = 8, context
   100, horizon 70, mu = 1, beta = 0.04, frozen-policy reference with k3, reward ``match``),
   ``experiments/benchmark.py`` in float32 and bfloat16 compute (params float32): s/step,
@@ -92,12 +94,12 @@ On one H200 the whole suite takes longer than one call (V = 50,000 alone: 36 s t
 the next call (carry it too) adds ``--resume=.gpu_prev/gpu_suite_<device>.json``: the probe
 runs again, every measurement recorded there without an error is kept, the rest run. Then copy
 the last call's ``.json`` and ``.md`` into experiments/results/ and commit those two paths.
-The first run (2026-11-26, one H200, experiments/results/gpu_suite_nvidia-h200.md) took
-180 s in a probe that then also traced four steps (now benchmark.py counts them), and the
-parts after V = 256 did not fit its call. That committed record can itself be resumed on an
-H200 (``--resume=experiments/results/gpu_suite_nvidia-h200.json``: the large model, the
-profile and the now-chunked V = 65 / 256 then run) while the engine is the one its ``git``
-names; each kept measurement says so in ``measured_at``.
+On the H200 (2026-11-26) the probe, then measuring both dtypes' peaks in one process, timed
+out twice (180 s, 300 s) compiling the bfloat16 loop; the other parts' measurements were then
+run by hand (experiments/results/gpu_h200_2026-11-26/) and folded into the committed record,
+which an H200 lease can resume (``--resume=experiments/results/gpu_suite_nvidia-h200.json``:
+the peaks, the large model with this benchmark.py and the profile then run; each kept
+measurement names the checkout that made it in ``measured_at``).
 """
 
 from __future__ import annotations
@@ -121,7 +123,7 @@ ROOT = HERE.parent
 sys.path.insert(0, str(HERE))  # measure.py, trl_grpo.py, gpu_suite_*.py beside this file
 
 import gpu_suite_report as report  # noqa: E402
-from gpu_suite_parts import jobs_of, probe, shown  # noqa: E402
+from gpu_suite_parts import jobs_of, peak, probe, shown  # noqa: E402
 from gpu_suite_plan import plan  # noqa: E402
 from versus_trl import git_state  # noqa: E402
 
@@ -155,7 +157,9 @@ flags.DEFINE_string(
     "A JSON this suite wrote before on the same device kind: its measurements with the same "
     "command and no error are kept, the rest run (a suite longer than one lease call).",
 )
-flags.DEFINE_string("child", "", "Internal: run one measurement here (probe) and print JSON.")
+flags.DEFINE_string(
+    "child", "", "Internal: run one measurement here (probe or peak) and print JSON."
+)
 flags.DEFINE_string("child_spec", "", "Internal: the child's JSON argument.")
 
 CHILD_ENV_KEYS = (
@@ -265,11 +269,12 @@ def run_jobs(jobs: list, env: dict, workers: int, done=lambda: None) -> list:
 def main(argv):
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {argv[1:]}")
-    if FLAGS.child == "probe":
-        print(json.dumps(probe(json.loads(FLAGS.child_spec))), flush=True)
-        return
     if FLAGS.child:
-        raise app.UsageError(f"--child={FLAGS.child}: only probe")
+        if FLAGS.child not in ("probe", "peak"):
+            raise app.UsageError(f"--child={FLAGS.child}: only probe or peak")
+        spec = json.loads(FLAGS.child_spec or "{}")
+        print(json.dumps(probe() if FLAGS.child == "probe" else peak(spec)), flush=True)
+        return
     unknown = set(FLAGS.parts) - set(PARTS)
     if unknown:
         raise app.UsageError(f"--parts: unknown {sorted(unknown)}; known {PARTS}")

@@ -64,14 +64,16 @@ def overview(raw: dict) -> list:
         f"and the exhaustive rows as stated below.",
         "- Peaks (FLOP/s): measured "
         + ", ".join(
-            f"{d} {fmt(v['flops_per_s'], '.3e')}" for d, v in info.get("measured_peak", {}).items()
+            f"{d} " + (fmt(v.get("flops_per_s"), ".3e") if "error" not in v else v["error"])
+            for d, v in raw["results"].get("peak", {}).items()
         )
         + "; nominal "
         + ", ".join(f"{d} {fmt(nominal_of(info, d), '.3e')}" for d in raw["dtypes"])
         + " (dense, by device_kind; – on a CPU).",
         "- MFU = matmul FLOPs executed (loops and the backward pass's recomputation included) "
         "/ time / peak, against the nominal and the measured peak.",
-        f"- Total wall time {raw['wall_s']:.0f} s (budget {SUITE_BUDGET_S} s on one H100); "
+        f"- Total wall time {fmt(raw['wall_s'], '.0f')} s (budget {SUITE_BUDGET_S} s on one "
+        f"H100{'; – : a record assembled from several calls' if raw['wall_s'] is None else ''}); "
         f"{raw['workers']} measurement(s) at a time, each in its own process; per part (its "
         "processes' wall times added): "
         + ", ".join(f"{k} {v:.0f} s" for k, v in raw["part_wall_s"].items())
@@ -157,18 +159,19 @@ def exhaustive_section(exh: dict) -> list:
         "",
         f"## Exhaustive GRPO iterations (B = {any_r.get('batch_size', '?')}, context "
         f"{any_r.get('context_len', '?')}, horizon {any_r.get('horizon', '?')}, model "
-        f"{any_r.get('model', '?')}, μ = {any_r.get('num_iterations', '?')}, KL reference "
+        f"{any_r.get('model', '?').split()[0]} (params float32), μ = "
+        f"{any_r.get('num_iterations', '?')}, KL reference "
         f"{any_r.get('reference', '?')} + {any_r.get('kl_estimator', '?')}, β = "
         f"{any_r.get('beta', '?')})",
         "",
-        "| V | chunks (rollout / loss) | guide: s / iteration | guide: memory "
+        "| V | compute | chunks (rollout / loss) | guide: s / iteration | guide: memory "
         "| s / iteration | peak bytes | faster than guide | less memory than guide "
         "| TFLOP / iteration | MFU (nominal / measured) | compile s |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for v, r in exh.items():
         if "error" in r:
-            lines.append(f"| {v} | {r['error']} | | | | | | | | | |")
+            lines.append(f"| {v} | {r['error']} | | | | | | | | | | |")
             continue
         g, u = r["guide"], r["utilisation"]
         gt, gm = (
@@ -177,13 +180,15 @@ def exhaustive_section(exh: dict) -> list:
             else (f"{g['s_per_iteration']:g}", f"{g['bytes'] / 1e9:g} GB")
         )
         lines.append(
-            f"| {v} | {r['vocab_chunk'] or 'all'} / {r['loss_chunk'] or 'same'} | {gt} | "
+            f"| {v} | {r['model'].split()[-1]} | "
+            f"{r['vocab_chunk'] or 'all'} / {r['loss_chunk'] or 'same'} | {gt} | "
             f"{gm} | {r['median_step_s']:.3f} | {gib(r['peak_memory_bytes'])} | "
             f"{times(r.get('speedup_vs_guide'))} | {times(r.get('memory_vs_guide'))} | "
             f"{fmt(r.get('matmul_flops') and r['matmul_flops'] / 1e12)} | "
             f"{pct(u['mfu_nominal'])} / {pct(u['mfu_measured'])} | {r['compile_s']:.1f} |"
         )
     lines.append(f"(peak bytes: {any_r.get('peak_memory_source', '?')}.)")
+    lines += [f"- V = {v}: {r['note']}" for v, r in exh.items() if r.get("note")]
     return lines
 
 
@@ -210,6 +215,8 @@ def large_section(large: dict) -> list:
                 f"| {half} | {secs:.4f} | {fmt(fl and fl / 1e9)} | "
                 f"{pct(u.get('mfu_nominal'))} | {pct(u.get('mfu_measured'))} |"
             )
+        if large.get("note"):
+            lines.append(f"- {large['note']}")
     return lines
 
 

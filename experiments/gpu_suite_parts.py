@@ -1,7 +1,8 @@
 """The GPU suite's parts (experiments/gpu_suite.py runs them; their sizes are in
 gpu_suite_plan.py): the child processes that measure them (benchmark.py, trl_grpo.py,
-scaling.py --one_run, profile_step.py, and the probe, which gpu_suite.py runs as
-``--child=probe``), the nominal peak table by device_kind and MFU."""
+scaling.py --one_run, profile_step.py, and the probe and the matmul peaks, which
+gpu_suite.py runs as ``--child=probe`` and ``--child=peak``), the nominal peak table by
+device_kind and MFU."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
-SUITE = HERE / "gpu_suite.py"  # the CLI; its --child=probe runs probe() below
+SUITE = HERE / "gpu_suite.py"  # the CLI; its --child=probe / peak run probe() / peak() below
 
 # device_kind substring -> nominal dense peak FLOP/s (bf16, tf32, fp32 without tensor cores);
 # the first match wins (so "H100 PCIe" before "H100"). None: no nominal figure (a CPU).
@@ -35,17 +36,17 @@ def progress(what: str) -> None:
     print(f"probe: {what}", file=sys.stderr, flush=True)
 
 
-def probe(spec: dict) -> dict:
-    """The device, versions, matmul precision and the measured matmul peaks (no step is built
-    here: benchmark.py counts each step's FLOPs, halves included, in its own process)."""
+def probe() -> dict:
+    """The device, versions and matmul precision (no step is built here: benchmark.py counts
+    each step's FLOPs, halves included, in its own process; the matmul peaks are measured
+    by peak(), each dtype in its own time-limited process)."""
     import jax
     import jaxlib
-    from measure import matmul_peak
 
     progress("starting the backend")
     dev = jax.devices()[0]
     precision = jax.config.jax_default_matmul_precision
-    out = {
+    return {
         "device_kind": dev.device_kind,
         "platform": dev.platform,
         "device_count": jax.device_count(),
@@ -60,13 +61,20 @@ def probe(spec: dict) -> dict:
         ),
         "xla_flags": os.environ.get("XLA_FLAGS", ""),
         "memory_bytes_limit": (dev.memory_stats() or {}).get("bytes_limit"),
-        "measured_peak": {},
     }
-    for dtype in spec["dtypes"]:
-        progress(f"{dev.device_kind}: the {dtype} matmul peak")
-        by_shape, best = matmul_peak([tuple(s) for s in spec["peak_shapes"]], dtype)
-        out["measured_peak"][dtype] = {"flops_per_s": best * 1e9, "gflops_by_shape": by_shape}
-    return out
+
+
+def peak(spec: dict) -> dict:
+    """The measured matmul peak of one dtype at large shapes (gpu_suite.py --child=peak). Its
+    own process, so a slow compile costs its time limit and nothing else: on one H200 the
+    probe that measured both dtypes in one process timed out at 300 s, compiling the
+    bfloat16 loop's fused matmul, and took the device's record with it."""
+    import jax
+    from measure import matmul_peak
+
+    progress(f"{jax.devices()[0].device_kind}: the {spec['dtype']} matmul peak")
+    by_shape, best = matmul_peak([tuple(s) for s in spec["peak_shapes"]], spec["dtype"])
+    return {"flops_per_s": best * 1e9, "gflops_by_shape": by_shape}
 
 
 # ---------------------------------------------------------------------------------------
@@ -137,9 +145,9 @@ def bench_job(part: str, cfg: dict, dtype: str) -> dict:
 
 
 def jobs_of(p: dict, parts, trl_python: str) -> list:
-    """Every child of the run, in the order a GPU runs them (the probe first); the TRL part's
-    in ``trl_python``."""
-    jobs = [probe_job(p)]
+    """Every child of the run, in the order a GPU runs them (the probe and the peaks first);
+    the TRL part's in ``trl_python``."""
+    jobs = probe_jobs(p)
     if "step" in parts:
         jobs += [bench_job("step", p["step"], d) for d in p["step"]["dtypes"]]
     if "trl" in parts:
@@ -157,16 +165,22 @@ def jobs_of(p: dict, parts, trl_python: str) -> list:
     return jobs
 
 
-def probe_job(p: dict) -> dict:
-    """The probe (gpu_suite.py --child=probe): the device and its measured matmul peaks."""
-    spec = {"dtypes": p["dtypes"], "peak_shapes": p["peak_shapes"]}
-    cmd = [sys.executable, str(SUITE), "--child=probe"]
-    return {
-        "part": "probe",
-        "key": "device",
-        "cmd": [*cmd, f"--child_spec={json.dumps(spec)}"],
-        "timeout": p["probe_timeout"],
-    }
+def probe_jobs(p: dict) -> list:
+    """The probe (gpu_suite.py --child=probe: the device), then each dtype's matmul peak
+    (--child=peak), every one a process of its own with its own time limit."""
+    jobs = [
+        {
+            "part": "probe",
+            "key": "device",
+            "cmd": [sys.executable, str(SUITE), "--child=probe"],
+            "timeout": p["probe_timeout"],
+        }
+    ]
+    for d in p["dtypes"]:
+        spec = json.dumps({"dtype": d, "peak_shapes": p["peak_shapes"]})
+        cmd = [sys.executable, str(SUITE), "--child=peak", f"--child_spec={spec}"]
+        jobs.append({"part": "peak", "key": d, "cmd": cmd, "timeout": p["peak_timeout"]})
+    return jobs
 
 
 def trl_jobs(p: dict, trl_python: str) -> list:
@@ -198,8 +212,9 @@ def exhaustive_jobs(cfg: dict) -> list:
         *cfg["args"],
     ]
     jobs = []
-    for v, chunk, loss_chunk, warmup, steps in cfg["runs"]:
+    for v, chunk, loss_chunk, warmup, steps, *dtype in cfg["runs"]:
         one = [f"--warmup={warmup}", f"--steps={steps}", f"--one_run={v}:{chunk}:{loss_chunk}@run"]
+        one += [f"--config.model.dtype={d}" for d in dtype if d != "float32"]
         jobs.append(
             {"part": "exhaustive", "key": str(v), "cmd": [*base, *one], "timeout": cfg["timeout"]}
         )

@@ -53,7 +53,8 @@ def gpu_plan() -> dict:
         "exhaustive": {
             "variant": "exhaustive",
             "args": ("--batch_size=8", "--context_len=100", "--horizon=70"),
-            # (V, rollout chunk, loss chunk, warmup, steps); 0 = all members at once
+            # (V, rollout chunk, loss chunk, warmup, steps[, compute dtype]); 0 = all members
+            # at once; the dtype float32 where not given
             "runs": (
                 # the loss in member chunks: all at once the H200 peaked at 2.42 / 9.25 GiB
                 # (guide / 4.6, / 4.8); chunked, XLA's CPU buffer plans shrink 2.51 -> 0.58
@@ -61,7 +62,8 @@ def gpu_plan() -> dict:
                 (65, 0, 13, 1, 3),
                 (256, 0, 32, 1, 3),
                 (1000, 0, 250, 1, 2),  # CPU buffer plan 12.2 GiB (all at once: 54)
-                (50000, 2500, 25, 0, 1),
+                # bfloat16 matmuls: 80 s an iteration on one H200, float32 (TF32) 104 s
+                (50000, 2500, 25, 0, 1, "bfloat16"),
             ),
             "timeout": 300,
         },
@@ -79,7 +81,8 @@ def gpu_plan() -> dict:
             "args": ("--warmup=2", "--steps=3", "--top=12"),
             "timeout": 240,
         },
-        "probe_timeout": 300,
+        "probe_timeout": 120,
+        "peak_timeout": 120,
     }
 
 
@@ -115,7 +118,8 @@ def smoke_plan() -> dict:
         "exhaustive": {
             "variant": "exhaustive,tiny",
             "args": ("--batch_size=2", "--context_len=16", "--horizon=8", "--corpus_len=4000"),
-            "runs": ((65, 0, 0, 0, 1), (256, 32, 32, 0, 1)),
+            # V = 256 in bfloat16 compute, as the GPU plan's V = 50,000
+            "runs": ((65, 0, 0, 0, 1), (256, 32, 32, 0, 1, "bfloat16")),
             "timeout": 240,
         },
         "large": {
@@ -140,4 +144,5 @@ def smoke_plan() -> dict:
             "timeout": 240,
         },
         "probe_timeout": 240,
+        "peak_timeout": 240,
     }

@@ -40,7 +40,8 @@ def bench_figures(r: dict, dtype: str, info: dict) -> dict:
         "peak_memory_source": r["peak_memory_source"],
         "matmul_flops": roof.get("matmul_flops"),
         "xla_flops": roof.get("xla_flops"),
-        "matmul_peak_at_model_shapes_flops_per_s": roof.get("matmul_peak_gflops", 0) * 1e9 or None,
+        "matmul_peak_at_model_shapes_flops_per_s": (roof.get("matmul_peak_gflops") or 0) * 1e9
+        or None,
         "step": utilisation(roof.get("matmul_flops"), med, dtype, info),
         "rollout_s": bd["rollout_s"],
         "update_s": bd["update_s"],
@@ -48,6 +49,8 @@ def bench_figures(r: dict, dtype: str, info: dict) -> dict:
         "wall_s": r["wall_s"],
         "command": r["command"],
     }
+    if r.get("note"):  # how a measurement made outside the suite was made
+        out["note"] = r["note"]
     for half in ("rollout", "update"):
         flops = roof.get(f"{half}_matmul_flops")
         out[f"{half}_matmul_flops"] = flops
@@ -76,9 +79,11 @@ def assemble(jobs: list) -> tuple[dict, dict]:
         if "result" in j:
             by_part.setdefault(j["part"], {})[j["key"]] = j["result"]
     info = by_part.get("probe", {}).get("device", {"error": "not run yet"})
-    if "error" in info:  # the parts are still reported; the device's peaks are then unknown
-        info = {**info, "measured_peak": {}}
+    peaks = by_part.get("peak", {})  # a failed peak leaves that dtype's measured MFU unknown
+    info = {**info, "measured_peak": {d: r for d, r in peaks.items() if "error" not in r}}
     results = {"probe": info}
+    if peaks:
+        results["peak"] = peaks
     if "step" in by_part:
         results["step"] = {d: bench_figures(r, d, info) for d, r in by_part["step"].items()}
     if "trl" in by_part:

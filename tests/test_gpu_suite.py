@@ -4,6 +4,7 @@ sizes on the CPU, in real subprocesses, so the suite cannot rot while no GPU run
 import json
 import math
 import os
+import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -28,10 +29,12 @@ def test_gpu_suite_smoke(tmp_path, shakespeare_path):
     assert device["platform"] == "cpu" and device["device_kind"] and device["device_count"] >= 1
     assert device["jax"] and device["jaxlib"] and "default_matmul_precision" in device
     assert raw["dtypes"] == ["float32", "bfloat16"] and raw["smoke"] is True
-    for dtype in raw["dtypes"]:
-        assert positive(device["measured_peak"][dtype]["flops_per_s"])
     res = raw["results"]
-    assert set(res) == {"probe", "step", "trl", "exhaustive", "large", "profile"}
+    for dtype in raw["dtypes"]:  # each dtype's peak measured in a process of its own
+        assert positive(device["measured_peak"][dtype]["flops_per_s"])
+        assert device["measured_peak"][dtype] == res["probe"]["measured_peak"][dtype]
+        assert "--child=peak" in res["peak"][dtype]["command"]
+    assert set(res) == {"probe", "peak", "step", "trl", "exhaustive", "large", "profile"}
     assert set(raw["part_wall_s"]) == set(res) and positive(raw["wall_s"])
 
     def check_bench(r, dtype):
@@ -49,6 +52,7 @@ def test_gpu_suite_smoke(tmp_path, shakespeare_path):
 
     assert list(res["step"]) == ["float32"]
     check_bench(res["step"]["float32"], "float32")
+    check_flops_only(res["step"]["float32"], env)
     check_bench(res["large"], "bfloat16")
     assert "--config.model.num_layers=2" in res["large"]["command"]
 
@@ -64,6 +68,9 @@ def test_gpu_suite_smoke(tmp_path, shakespeare_path):
             assert positive(r[key]), (v, key, r.get(key))
         assert positive(r["utilisation"]["mfu_measured"]) and positive(r["speedup_vs_guide"])
     assert res["exhaustive"]["256"]["vocab_chunk"] == 32  # the chunked path
+    assert res["exhaustive"]["65"]["model"].endswith("float32")  # the plan's compute dtypes
+    assert res["exhaustive"]["256"]["model"].endswith("bfloat16")
+    assert res["exhaustive"]["256"]["command"].endswith("--config.model.dtype=bfloat16")
 
     assert raw["targets"] and all(t["met"] == "n/a (smoke)" for t in raw["targets"].values())
     ((dtype, prof),) = res["profile"].items()
@@ -71,14 +78,25 @@ def test_gpu_suite_smoke(tmp_path, shakespeare_path):
     assert positive(prof["thunk_ms_per_step"]) and positive(prof["wall_ms_per_step"])
     assert positive(prof["by_kind"]["matmul"]) and positive(prof["matmul_gflop_per_step"]["matmul"])
     assert {"rollout: decode loop", "update: backward"} <= set(prof["by_stage"])
-    # probe, step, trl x2, V x2, large, profile
-    assert len(raw["commands"]) == 1 + 1 + 2 + 2 + 1 + 1
+    # probe, peak x2, step, trl x2, V x2, large, profile
+    assert len(raw["commands"]) == 1 + 2 + 1 + 2 + 2 + 1 + 1
     text = md.read_text()
     for heading in ("## Targets", "## GRPO step", "## TRL GRPOTrainer", "## Exhaustive GRPO",
                     "## Larger model", "## Where the GRPO step's time", "## Commands"):  # fmt: skip
         assert heading in text, heading
     assert device["jax"] in text and device["device_kind"] in text
     check_resume(js, env)
+
+
+def check_flops_only(r: dict, env: dict):
+    """benchmark.py --flops_only (tracing alone, no compile) counts what the measured run
+    counted: how a CPU gives a GPU run's FLOPs."""
+    cmd = [sys.executable, *shlex.split(r["command"])[1:], "--flops_only"]
+    done = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    counts = json.loads(done.stdout.strip().splitlines()[-1])
+    for key in ("matmul_flops", "rollout_matmul_flops", "update_matmul_flops", "params"):
+        assert counts[key] == r[key], (key, counts, r)
 
 
 def check_resume(js: Path, env: dict):
@@ -94,7 +112,7 @@ def check_resume(js: Path, env: dict):
     for r in records:  # a skip (TRL not installed here) is asked again, never kept
         assert r.get("resumed_from") == (None if "skipped" in r else str(js)), r
         assert "skipped" in r or r["measured_at"] == first["git"]
-    assert sum("resumed_from" in r for r in records) >= 5  # step, V x2, large, profile
+    assert sum("resumed_from" in r for r in records) >= 7  # peak x2, step, V x2, large, profile
     assert (
         again["results"]["step"]["float32"]["median_step_s"]
         == (first["results"]["step"]["float32"]["median_step_s"])
@@ -118,9 +136,33 @@ def test_a_spent_budget_records_every_part_as_not_run(tmp_path):
     raw = json.loads((tmp_path / "spent.json").read_text())
     assert raw["complete"] is True and (tmp_path / "spent.md").exists()
     errors = [raw["results"]["probe"]["error"]] + [
-        r["error"] for part in ("step", "trl", "exhaustive", "large", "profile")
+        r["error"] for part in ("peak", "step", "trl", "exhaustive", "large", "profile")
         for r in (raw["results"][part].values() if part != "large" else [raw["results"][part]])
     ]  # fmt: skip
-    assert len(errors) == 1 + 1 + 2 + 2 + 1 + 1
+    assert len(errors) == 1 + 2 + 1 + 2 + 2 + 1 + 1
     assert set(errors) == {"not run: --budget_s=1 spent"}, errors
     assert all(r["wall_s"] < 1 for r in raw["results"]["exhaustive"].values())
+
+
+def test_a_failed_peak_leaves_the_device_and_the_other_dtype():
+    """A peak child that times out costs its dtype's measured MFU, nothing else: the device,
+    the other dtype's peak and the nominal MFU all stay in the record."""
+    sys.path.insert(0, str(ROOT / "experiments"))
+    from gpu_suite_report import assemble
+
+    device = {"device_kind": "NVIDIA H200", "platform": "gpu", "default_matmul_precision": None}
+    jobs = [
+        {"part": "probe", "key": "device", "result": dict(device)},
+        {"part": "peak", "key": "float32", "result": {"flops_per_s": 4e14}},
+        {"part": "peak", "key": "bfloat16", "result": {"error": "timed out after 120 s"}},
+        {"part": "exhaustive", "key": "65", "result": {
+            "model": "4x4x128 bfloat16", "median_step_s": 0.5, "matmul_flops": 1e14,
+            "peak_memory_bytes": 1e9}},
+    ]  # fmt: skip
+    results, _ = assemble(jobs)
+    info = results["probe"]
+    assert info["device_kind"] == "NVIDIA H200"
+    assert info["measured_peak"] == {"float32": {"flops_per_s": 4e14}}
+    assert results["peak"]["bfloat16"] == {"error": "timed out after 120 s"}
+    u = results["exhaustive"]["65"]["utilisation"]  # 2e14 FLOP/s against H200's bf16 989e12
+    assert u["mfu_measured"] is None and abs(u["mfu_nominal"] - 2e14 / 989e12) < 1e-12
