@@ -256,6 +256,24 @@ def entropy_from_logits(logits):
     return jnp.where(live, -jnp.sum(p * jnp.where(p > 0, logp, 0.0), axis=-1), 0.0)
 
 
+def token_logp_and_entropy(logits, tokens):
+    """(log π(token) [...], H(π) [...]) of π = softmax(logits) for logits [..., V] (finite;
+    tempered already) and tokens [...]: the two per-token terms the loss needs, from the row's
+    max, Σ e^(x - max), Σ e^(x - max)·(x - max) and the token's logit. No [..., V] log-probs
+    are written (log_softmax then entropy_from_logits write and reread them several times),
+    and the backward pass is one [..., V] write of (onehot - π) and π·(...) terms; at large V
+    the loss is bound by those passes. Same values as token_logp(log_softmax) and
+    entropy_from_logits up to float32 rounding (a test)."""
+    x = logits.astype(jnp.promote_types(logits.dtype, jnp.float32))
+    xm = x - jax.lax.stop_gradient(jnp.max(x, axis=-1, keepdims=True))  # outputs m-invariant
+    e = jnp.exp(xm)
+    z = jnp.sum(e, axis=-1)
+    log_z = jnp.log(z)
+    # a one-hot product, not a gather: its gradient is dense, not a scatter (slow on CPU)
+    tok = jnp.sum(xm * jax.nn.one_hot(tokens, x.shape[-1], dtype=x.dtype), axis=-1)
+    return tok - log_z, log_z - jnp.sum(e * xm, axis=-1) / z
+
+
 def _masked_rows(per_token, mask):
     """`[R, T]` values with masked positions zeroed, the float mask, and the number
     of rows that exist (at least one unmasked token).  Rows are all leading axes;

@@ -56,7 +56,11 @@ def token_logp(lp_all, tokens):
 def sample_from_logits(logits, u, sp: SamplingParams):
     """Inverse-CDF sample. logits [..., V], u [...] uniform in [0, 1).
 
-    Returns (token [...], logp [...] under the tempered policy, entropy [...])."""
+    Returns (token [...], logp [...] under the tempered policy, entropy [...] of the tempered
+    policy). Without top-k / top-p the CDF is searched in blocks (_sample_blocked); with them,
+    over the filtered distribution's full cumsum."""
+    if not sp.top_k and sp.top_p >= 1.0:
+        return _sample_blocked(logits / sp.temperature, u)
     logp = tempered_logp(logits, sp)
     probs = jnp.exp(_filtered(logp, sp))
     cdf = jnp.cumsum(probs, axis=-1)
@@ -65,6 +69,42 @@ def sample_from_logits(logits, u, sp: SamplingParams):
     token = jnp.minimum(token, logits.shape[-1] - 1).astype(jnp.int32)
     tok_logp = jnp.take_along_axis(logp, token[..., None], axis=-1)[..., 0]
     return token, tok_logp, entropy_from_logits(logp)
+
+
+SAMPLE_BLOCK = 256  # vocabulary entries per block of the blocked CDF search
+
+
+def _sample_blocked(x, u):
+    """The inverse-CDF sample of softmax(x) in two reads of ``x`` and no [..., V] array
+    written: the row's max, then (one fused pass) each block's mass of exp(x - max) and the
+    entropy's sum, a cumsum over the V / SAMPLE_BLOCK block masses to find the block holding
+    u·Z, and a cumsum inside that one block. The flat way (log_softmax, exp, a cumsum over V,
+    the entropy from the log-probs) reads and writes [..., V] arrays about ten times: at
+    V = 50,000 the exhaustive rollout's sampler is most of its memory traffic (CPU: 2.6x
+    faster at [512, 50,000]). The token is the flat search's up to float32 rounding of the
+    CDF at its boundaries: the in-block search compares against u·Z less the blocks before
+    it, so its rounding is the block's, not the whole row's."""
+    x = x.astype(jnp.promote_types(x.dtype, jnp.float32))
+    v = x.shape[-1]
+    blk = min(SAMPLE_BLOCK, v)
+    nb = -(-v // blk)
+    m = jax.lax.stop_gradient(jnp.max(x, axis=-1, keepdims=True))  # every output m-invariant
+    pad = [(0, 0)] * (x.ndim - 1) + [(0, nb * blk - v)]
+    xb = jnp.pad(x - m, pad, constant_values=-jnp.inf).reshape(*x.shape[:-1], nb, blk)
+    z = jnp.exp(xb)
+    cums = jnp.cumsum(jnp.sum(z, axis=-1), axis=-1)  # [..., nb]
+    total = cums[..., -1]
+    zx = jnp.sum(jnp.where(z > 0, z * xb, 0.0), axis=(-2, -1))  # Σ z·(x - m), pads out
+    target = u.astype(total.dtype) * total
+    block = jnp.minimum(jnp.sum(cums <= target[..., None], axis=-1), nb - 1)
+    before = jnp.take_along_axis(cums, jnp.maximum(block - 1, 0)[..., None], axis=-1)[..., 0]
+    rest = target - jnp.where(block > 0, before, 0.0)
+    inner = jnp.cumsum(jnp.exp(jnp.take_along_axis(xb, block[..., None, None], -2)), axis=-1)
+    token = block * blk + jnp.sum(inner[..., 0, :] <= rest[..., None], axis=-1)
+    token = jnp.minimum(token, v - 1).astype(jnp.int32)
+    log_total = jnp.log(total)
+    tok_logp = jnp.take_along_axis(x - m, token[..., None], axis=-1)[..., 0] - log_total
+    return token, tok_logp, log_total - zx / total
 
 
 class Stop(NamedTuple):

@@ -56,6 +56,36 @@ def test_bfloat16_compute_runs_with_float32_params():
     assert out.dtype == jnp.float32 and np.isfinite(np.asarray(out)).all()
 
 
+def test_blocked_sampler_matches_a_float64_inverse_cdf_across_blocks():
+    """V = 1,000 is four SAMPLE_BLOCK blocks, the last one padded: every token is numpy's
+    float64 inverse-CDF token except where u lies within float32 rounding of a CDF boundary,
+    and the log-probs and entropies are the tempered softmax's."""
+    v, temp = 1000, 0.7
+    assert -(-v // ro.SAMPLE_BLOCK) == 4 and v % ro.SAMPLE_BLOCK
+    k1, k2 = jax.random.split(jax.random.PRNGKey(3))
+    logits = 2.0 * jax.random.normal(k1, (2, 1024, v))
+    u = jax.random.uniform(k2, (2, 1024))
+    tok, lp, ent = jax.jit(ro.sample_from_logits, static_argnums=2)(
+        logits, u, ro.SamplingParams(temperature=temp)
+    )
+    chex.assert_shape((tok, lp, ent), (2, 1024))
+    x = np.asarray(logits, np.float64) / temp
+    prob = np.exp(x - x.max(-1, keepdims=True))
+    prob /= prob.sum(-1, keepdims=True)
+    cdf = np.cumsum(prob, -1)
+    uu = np.asarray(u, np.float64)
+    ref = np.minimum((cdf <= uu[..., None]).sum(-1), v - 1)
+    edges = np.take_along_axis(cdf, ref[..., None], -1)[..., 0]
+    below = np.take_along_axis(cdf, np.maximum(ref - 1, 0)[..., None], -1)[..., 0]
+    gap = np.minimum(edges - uu, np.where(ref > 0, uu - below, 1.0))
+    sure = gap > 1e-6  # float32's rounding of a CDF near 1 is about 6e-8
+    assert sure.mean() > 0.98 and (ref[sure] >= 3 * ro.SAMPLE_BLOCK).any()  # the padded block
+    np.testing.assert_array_equal(np.asarray(tok)[sure], ref[sure])
+    picked = np.take_along_axis(prob, np.asarray(tok)[..., None], -1)[..., 0]
+    np.testing.assert_allclose(lp, np.log(picked), atol=2e-5)
+    np.testing.assert_allclose(ent, -(prob * np.log(prob)).sum(-1), rtol=1e-5)
+
+
 def test_sampler_matches_numpy_inverse_cdf_and_filters():
     logits = jnp.array([[0.0, 1.0, 2.0, -1.0]])
     u = jnp.array([0.0, 0.2, 0.5, 0.99])
