@@ -260,10 +260,9 @@ def token_logp_and_entropy(logits, tokens):
     """(log π(token) [...], H(π) [...]) of π = softmax(logits) for logits [..., V] (finite;
     tempered already) and tokens [...]: the two per-token terms the loss needs, from the row's
     max, Σ e^(x - max), Σ e^(x - max)·(x - max) and the token's logit. No [..., V] log-probs
-    are written (log_softmax then entropy_from_logits write and reread them several times),
-    and the backward pass is one [..., V] write of (onehot - π) and π·(...) terms; at large V
-    the loss is bound by those passes. Same values as token_logp(log_softmax) and
-    entropy_from_logits up to float32 rounding (a test)."""
+    are written, nor read back by a second log_softmax (token_logp of log_softmax, then
+    entropy_from_logits of those log-probs, did both), each a pass as large as the head's
+    logits. Same values and gradients as that route up to float32 rounding (a test)."""
     x = logits.astype(jnp.promote_types(logits.dtype, jnp.float32))
     xm = x - jax.lax.stop_gradient(jnp.max(x, axis=-1, keepdims=True))  # outputs m-invariant
     e = jnp.exp(xm)
