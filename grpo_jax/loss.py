@@ -41,7 +41,7 @@ import jax.numpy as jnp
 from grpo_jax import candidates, objective
 from grpo_jax.groups import Part
 from grpo_jax.policy import Policy, Reference, token_logits
-from grpo_jax.rollout import chunked, tempered_logp
+from grpo_jax.rollout import chunked, tempered_logp, token_logp
 from grpo_jax.specs import GroupSpec, ObjectiveSpec
 
 entropy = objective.entropy_from_logits
@@ -96,15 +96,14 @@ def make_loss(spec: ObjectiveSpec, group: GroupSpec, policy: Policy, reference: 
         }
         return agg(pg, mask), m
 
-    def kl_terms(logits, logp, ref_tok, ref_dist):
-        """Per-token KL: exact over V (from the tempered ``logits``) against ``ref_dist()``
-        (the reference's log-probs at these very positions, computed only here: a chunk's
-        worth at a time), or a sampled-token estimator of log π_ref(o_t) ``ref_tok`` carried
-        from the rollout."""
+    def kl_terms(lp, logp, ref_tok, ref_dist):
+        """Per-token KL: exact over V against ``ref_dist()`` (the reference's log-probs at
+        these very positions, computed only here: a chunk's worth at a time), or a sampled-
+        token estimator of log π_ref(o_t) ``ref_tok`` carried from the rollout."""
         if not has_reference:
             return jnp.zeros_like(logp)
         if exact_tokens:
-            return exact_kl(logits, jax.lax.stop_gradient(ref_dist()))
+            return exact_kl(lp, jax.lax.stop_gradient(ref_dist()))
         return objective.kl_estimate(logp, ref_tok, gr.kl_estimator)
 
     def reference_context(ref_state, part: Part):
@@ -133,15 +132,15 @@ def make_loss(spec: ObjectiveSpec, group: GroupSpec, policy: Policy, reference: 
 
     def sampled_loss(params, ref_state, part: Part, old_logp, first_iter):
         _, logits = token_logits(policy, params, part.prompts, part.tokens)
-        logits = logits / sp.temperature  # [B, K, T, V]
-        logp, ent_tok = objective.token_logp_and_entropy(logits, part.tokens)
+        lp_all = tempered_logp(logits, sp)  # [B, K, T, V]
+        logp = token_logp(lp_all, part.tokens)
         old = jnp.where(first_iter, jax.lax.stop_gradient(logp), old_logp)
         tok_mask = part.token_mask
         pg, m = surrogate_terms(logp, old, part.advantages, tok_mask)
         context = reference_context(ref_state, part)
         ref_dist = reference_dist(ref_state, context, part, part.tokens, part.ref_logp, 0)
-        kl = agg(kl_terms(logits, logp, part.ref_token_logp, ref_dist), tok_mask)
-        ent = agg(ent_tok, tok_mask)
+        kl = agg(kl_terms(lp_all, logp, part.ref_token_logp, ref_dist), tok_mask)
+        ent = agg(entropy(lp_all), tok_mask)
         return pg, kl, ent, jnp.mean(part.member_mask.max(1)), m, logp
 
     def continuation_terms(params, ref_state, state, part: Part, old_logp, first_iter, t):
@@ -165,14 +164,15 @@ def make_loss(spec: ObjectiveSpec, group: GroupSpec, policy: Policy, reference: 
         context = reference_context(ref_state, part)
 
         def chunk(tokens, old_c, adv_c, w_c, ref_tok_c, ref_lp_c):
-            logits = policy.extend(params, state, part.prompts, tokens) / sp.temperature
-            logp, ent_tok = objective.token_logp_and_entropy(logits, tokens[..., 1:])
+            lp = tempered_logp(policy.extend(params, state, part.prompts, tokens), sp)
+            tok = tokens[..., 1:]
+            logp = token_logp(lp, tok)
             old = jnp.where(first_iter, jax.lax.stop_gradient(logp), old_c)
             wsum = lambda x: jnp.sum(jnp.where(w_c != 0, x, 0.0) * w_c, axis=-1)
             pg = wsum(objective.clipped_surrogate(logp, old, adv_c, eps, eps_high))
             ref_dist = reference_dist(ref_state, context, part, tokens, ref_lp_c, 1)
-            kl = wsum(kl_terms(logits, logp, ref_tok_c, ref_dist))
-            return pg, kl, wsum(ent_tok), logp
+            kl = wsum(kl_terms(lp, logp, ref_tok_c, ref_dist))
+            return pg, kl, wsum(entropy(lp)), logp
 
         fn = jax.checkpoint(chunk) if 0 < loss_chunk < k else chunk
         pg, kl, ent, logp = chunked(

@@ -256,23 +256,6 @@ def entropy_from_logits(logits):
     return jnp.where(live, -jnp.sum(p * jnp.where(p > 0, logp, 0.0), axis=-1), 0.0)
 
 
-def token_logp_and_entropy(logits, tokens):
-    """(log π(token) [...], H(π) [...]) of π = softmax(logits) for logits [..., V] (finite;
-    tempered already) and tokens [...]: the two per-token terms the loss needs, from the row's
-    max, Σ e^(x - max), Σ e^(x - max)·(x - max) and the token's logit. No [..., V] log-probs
-    are written, nor read back by a second log_softmax (token_logp of log_softmax, then
-    entropy_from_logits of those log-probs, did both), each a pass as large as the head's
-    logits. Same values and gradients as that route up to float32 rounding (a test)."""
-    x = logits.astype(jnp.promote_types(logits.dtype, jnp.float32))
-    xm = x - jax.lax.stop_gradient(jnp.max(x, axis=-1, keepdims=True))  # outputs m-invariant
-    e = jnp.exp(xm)
-    z = jnp.sum(e, axis=-1)
-    log_z = jnp.log(z)
-    # a one-hot product, not a gather: its gradient is dense, not a scatter (slow on CPU)
-    tok = jnp.sum(xm * jax.nn.one_hot(tokens, x.shape[-1], dtype=x.dtype), axis=-1)
-    return tok - log_z, log_z - jnp.sum(e * xm, axis=-1) / z
-
-
 def _masked_rows(per_token, mask):
     """`[R, T]` values with masked positions zeroed, the float mask, and the number
     of rows that exist (at least one unmasked token).  Rows are all leading axes;
