@@ -81,9 +81,9 @@ def _sample_blocked(x, u):
     u·Z, and a cumsum inside that one block. The flat way (log_softmax, exp, a cumsum over V,
     the entropy from the log-probs) reads and writes [..., V] arrays about ten times (on 2 CPU
     cores this one is 3.2x faster at [512, 50,000] and 1.5x at [4,096, 65]; the exhaustive
-    rollout at V = 5,000, 20-30 % faster). The token is the flat search's up to float32 rounding of the
-    CDF at its boundaries: the in-block search compares against u·Z less the blocks before
-    it, so its rounding is the block's, not the whole row's."""
+    rollout at V = 5,000, 20-30 % faster). The token is the flat search's up to float32
+    rounding of the CDF at its boundaries: the in-block search compares against u·Z less the
+    blocks before it, so its rounding is the block's, not the whole row's."""
     x = x.astype(jnp.promote_types(x.dtype, jnp.float32))
     v = x.shape[-1]
     blk = min(SAMPLE_BLOCK, v)
