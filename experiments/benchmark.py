@@ -77,9 +77,10 @@ def flop_counts(step, state, inputs, compiled=None):
 
 def roofline(config, task, step, state, inputs, compiled, step_s):
     """flop_counts, the GFLOP/s the step achieves and, on a CPU, this machine's matmul peak at
-    the model's own shapes (measure.matmul_peak): the roofline. Not on a GPU, where XLA
-    autotunes each timing loop's fused matmul for minutes (on one H200 the bfloat16 loop at
-    8192^3 compiled for over 150 s); GPU runs use gpu_suite's probe and nominal peaks."""
+    the model's own shapes (measure.matmul_peak): the roofline. Not on a GPU: on one H200
+    the same timing loop in bfloat16 at 8192^3 was still compiling when the suite's probe hit
+    its 300 s limit (XLA's "very slow compile" of a GEMM fusion); GPU runs use gpu_suite's
+    peak children and the nominal peaks."""
     counts = flop_counts(step, state, inputs, compiled)
     achieved = counts["matmul_flops"] / step_s / 1e9
     out = {**counts, "achieved_gflops": achieved}
