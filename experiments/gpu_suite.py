@@ -32,11 +32,11 @@ a part that fails or times out is recorded as such and the others still run):
   G = 16 (8 prompts if that runs out of memory), bfloat16 compute, through benchmark.py:
   MFU of the rollout and of the update separately (benchmark.py's ``breakdown`` times; the
   probe's FLOPs of each half).
-- ``profile``: ``experiments/profile_step.py`` on the step above in bfloat16: a jax.profiler
-  trace, busy time by stage (rollout's decode loop, reference, update's forward / backward) and
-  by kind of work (dense and batched matmuls, elementwise, layout), and each matmul kind's
-  FLOP rate. On a GPU it reads the device tracks' kernels (by their ``hlo_op``); it has only
-  ever run on a CPU.
+- ``profile``: ``experiments/profile_step.py`` in bfloat16 on the step above and on the large
+  model: a jax.profiler trace, busy time by stage (rollout's decode loop, reference, update's
+  forward / backward) and by kind of work (dense and batched matmuls, elementwise, layout), and
+  each matmul kind's FLOP rate. On a GPU it reads the device tracks' kernels (by their
+  ``hlo_op``); it has only ever run on a CPU.
 
 MFU = matmul FLOPs (every dot_general executed, loops and the backward pass's recomputation
 included) / time / peak, against both the device's nominal dense peak for the dtype (a table
@@ -98,7 +98,7 @@ On the H200 (2026-11-26) the probe, then measuring both dtypes' peaks in one pro
 out twice (180 s, 300 s) compiling the bfloat16 loop; the other parts' measurements were then
 run by hand (experiments/results/gpu_h200_2026-11-26/) and folded into the committed record,
 which an H200 lease can resume (``--resume=experiments/results/gpu_suite_nvidia-h200.json``:
-the peaks, the large model with this benchmark.py and the profile then run; each kept
+the peaks, the large model with this benchmark.py and the two profiles then run; each kept
 measurement names the checkout that made it in ``measured_at``).
 """
 

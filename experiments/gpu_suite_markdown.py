@@ -42,8 +42,8 @@ def markdown(raw: dict) -> str:
         lines += exhaustive_section(res["exhaustive"])
     if res.get("large") is not None:
         lines += large_section(res["large"])
-    for dtype, prof in (res.get("profile") or {}).items():
-        lines += profile_section(prof, dtype)
+    for name, prof in (res.get("profile") or {}).items():
+        lines += profile_section(prof, name)
     lines += ["", "## Commands", ""]
     lines += [f"- `{c}`" for c in raw["commands"]]
     if raw.get("child_env"):
@@ -220,9 +220,12 @@ def large_section(large: dict) -> list:
     return lines
 
 
-def profile_section(prof: dict, dtype: str) -> list:
-    """profile_step.py's summary: busy time by stage and by kind of work, the matmul rates."""
-    lines = ["", f"## Where the GRPO step's time goes ({dtype}; experiments/profile_step.py)", ""]
+def profile_section(prof: dict, name: str) -> list:
+    """profile_step.py's summary of one workload (``name``: the plan's, e.g. step, large): busy
+    time by stage and by kind of work, the matmul rates."""
+    dtype = f", {prof['dtype']}" if "dtype" in prof else ""
+    title = f"## Where the GRPO step's time goes ({name}{dtype}; experiments/profile_step.py)"
+    lines = ["", title, ""]
     if "error" in prof:
         return lines + [f"failed: {prof['error']}"]
     total = prof["thunk_ms_per_step"]

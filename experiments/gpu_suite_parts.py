@@ -157,11 +157,17 @@ def jobs_of(p: dict, parts, trl_python: str) -> list:
     if "large" in parts:
         jobs.append(large_job(p["large"]))
     if "profile" in parts:
-        cfg = p["profile"]
+        jobs += profile_jobs(p["profile"])
+    return jobs
+
+
+def profile_jobs(cfg: dict) -> list:
+    """profile_step.py on each of the plan's workloads, keyed by the workload's name."""
+    jobs = []
+    for name, (variant, overrides) in cfg["runs"].items():
         cmd = [sys.executable, str(HERE / "profile_step.py")]
-        cmd += [*config_args(cfg["variant"], cfg["overrides"]), "--out_dir=", *cfg["args"]]
-        dtype = cfg["overrides"]["model.dtype"]
-        jobs.append({"part": "profile", "key": dtype, "cmd": cmd, "timeout": cfg["timeout"]})
+        cmd += [*config_args(variant, overrides), "--out_dir=", *cfg["args"]]
+        jobs.append({"part": "profile", "key": name, "cmd": cmd, "timeout": cfg["timeout"]})
     return jobs
 
 

@@ -74,10 +74,14 @@ def gpu_plan() -> dict:
             "args": ("--warmup=1", "--steps=3", "--breakdown_runs=2"),
             "timeout": 420,
         },
-        # where the step's time goes (profile_step.py), in the compute dtype GPUs run
+        # where the time goes (profile_step.py), in the compute dtype GPUs run: the step above,
+        # and the large model, whose rollout reached 5 % of the H200's bf16 peak (decode-bound
+        # or not is what its profile answers)
         "profile": {
-            "variant": "sampled",
-            "overrides": {**STEP, "model.dtype": "bfloat16"},
+            "runs": {
+                "step": ("sampled", {**STEP, "model.dtype": "bfloat16"}),
+                "large": ("sampled", {**LARGE, "model.dtype": "bfloat16"}),
+            },
             "args": ("--warmup=2", "--steps=3", "--top=12"),
             "timeout": 240,
         },
@@ -138,8 +142,8 @@ def smoke_plan() -> dict:
             "timeout": 240,
         },
         "profile": {
-            "variant": "tiny,sampled",
-            "overrides": {**STEP, **tiny, "model.dtype": "float32"},
+            # one run: the GPU plan's second (the large model) is the same code path
+            "runs": {"step": ("tiny,sampled", {**STEP, **tiny, "model.dtype": "float32"})},
             "args": ("--warmup=1", "--steps=1", "--top=5"),
             "timeout": 240,
         },

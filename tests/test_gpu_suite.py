@@ -73,8 +73,9 @@ def test_gpu_suite_smoke(tmp_path, shakespeare_path):
     assert res["exhaustive"]["256"]["command"].endswith("--config.model.dtype=bfloat16")
 
     assert raw["targets"] and all(t["met"] == "n/a (smoke)" for t in raw["targets"].values())
-    ((dtype, prof),) = res["profile"].items()
-    assert dtype == "float32" and prof["command"].startswith("python experiments/profile_step.py")
+    ((name, prof),) = res["profile"].items()
+    assert name == "step" and prof["dtype"] == "float32"
+    assert prof["command"].startswith("python experiments/profile_step.py")
     assert positive(prof["thunk_ms_per_step"]) and positive(prof["wall_ms_per_step"])
     assert positive(prof["by_kind"]["matmul"]) and positive(prof["matmul_gflop_per_step"]["matmul"])
     assert {"rollout: decode loop", "update: backward"} <= set(prof["by_stage"])
@@ -82,7 +83,8 @@ def test_gpu_suite_smoke(tmp_path, shakespeare_path):
     assert len(raw["commands"]) == 1 + 2 + 1 + 2 + 2 + 1 + 1
     text = md.read_text()
     for heading in ("## Targets", "## GRPO step", "## TRL GRPOTrainer", "## Exhaustive GRPO",
-                    "## Larger model", "## Where the GRPO step's time", "## Commands"):  # fmt: skip
+                    "## Larger model", "## Where the GRPO step's time goes (step, float32",
+                    "## Commands"):  # fmt: skip
         assert heading in text, heading
     assert device["jax"] in text and device["device_kind"] in text
     check_resume(js, env)
@@ -166,3 +168,20 @@ def test_a_failed_peak_leaves_the_device_and_the_other_dtype():
     assert results["peak"]["bfloat16"] == {"error": "timed out after 120 s"}
     u = results["exhaustive"]["65"]["utilisation"]  # 2e14 FLOP/s against H200's bf16 989e12
     assert u["mfu_measured"] is None and abs(u["mfu_nominal"] - 2e14 / 989e12) < 1e-12
+
+
+def test_the_gpu_plan_profiles_the_step_and_the_large_model():
+    """The GPU plan's profile part traces two workloads in bfloat16, keyed by name: the
+    TRL-comparable step and the large model (its rollout's low MFU is what a profile explains)."""
+    sys.path.insert(0, str(ROOT / "experiments"))
+    from gpu_suite_parts import jobs_of
+    from gpu_suite_plan import plan
+
+    jobs = jobs_of(plan(smoke=False), ("profile",), sys.executable)
+    profiles = {j["key"]: j["cmd"] for j in jobs if j["part"] == "profile"}
+    assert set(profiles) == {"step", "large"}
+    for cmd in profiles.values():
+        assert cmd[1].endswith("profile_step.py") and "--config.model.dtype=bfloat16" in cmd
+        assert "--out_dir=" in cmd  # the JSON on stdout only
+    assert "--config.model.d_model=768" in profiles["large"]
+    assert "--config.model.d_model=768" not in profiles["step"]
