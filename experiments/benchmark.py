@@ -196,15 +196,12 @@ def main(argv):
         f"peak memory {res['peak_memory_bytes'] / 2**20:.1f} MiB ({res['peak_memory_source']})"
     )
     if roof is not None:
-        peak = roof["matmul_peak_gflops"]
-        at_peak = (
-            ""
-            if peak is None
-            else (
+        peak, at_peak = roof["matmul_peak_gflops"], ""
+        if peak is not None:  # a CPU's (on a GPU, gpu_suite measures the peaks)
+            at_peak = (
                 f" = {100 * roof['fraction_of_peak']:.0f}% of this machine's matmul peak at the "
                 f"model's shapes ({peak:.1f} GFLOP/s)"
             )
-        )
         print(
             f"roofline: {roof['matmul_flops'] / 1e9:.2f} GFLOP matmul per step -> "
             f"{roof['achieved_gflops']:.1f} GFLOP/s{at_peak}"

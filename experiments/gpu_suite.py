@@ -94,8 +94,10 @@ On one H200 the whole suite takes longer than one call (V = 50,000 alone: 36 s t
 the next call (carry it too) adds ``--resume=.gpu_prev/gpu_suite_<device>.json``: the probe
 runs again, every measurement recorded there without an error is kept, the rest run. Then copy
 the last call's ``.json`` and ``.md`` into experiments/results/ and commit those two paths.
-On the H200 (2026-11-26) the probe, then measuring both dtypes' peaks in one process, timed
-out twice (180 s, 300 s) compiling the bfloat16 loop; the other parts' measurements were then
+On the H200 (2026-11-26) the probe, which then measured both dtypes' peaks in one process,
+timed out twice: at 180 s in the first session (it also traced four steps; its log does not
+say where it was) and at 300 s in the second, compiling the bfloat16 loop (XLA's "very slow
+compile" alarm for its GEMM fusion). The other parts' measurements were then
 run by hand (experiments/results/gpu_h200_2026-11-26/) and folded into the committed record,
 which an H200 lease can resume (``--resume=experiments/results/gpu_suite_nvidia-h200.json``:
 the peaks, the large model with this benchmark.py and the two profiles then run; each kept

@@ -80,7 +80,7 @@ def gpu_plan() -> dict:
         "profile": {
             "runs": {
                 "step": ("sampled", {**STEP, "model.dtype": "bfloat16"}),
-                "large": ("sampled", {**LARGE, "model.dtype": "bfloat16"}),
+                "large": ("sampled", LARGE),  # bfloat16 already
             },
             "args": ("--warmup=2", "--steps=3", "--top=12"),
             "timeout": 240,

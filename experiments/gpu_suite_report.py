@@ -27,6 +27,7 @@ def bench_figures(r: dict, dtype: str, info: dict) -> dict:
     if "error" in r:
         return r
     med, roof, bd = r["median_step_s"], r.get("roofline") or {}, r["breakdown"]
+    peak = roof.get("matmul_peak_gflops")  # at the model's shapes; a CPU's only
     out = {
         "dtype": dtype,
         "params": r["params"],
@@ -40,8 +41,7 @@ def bench_figures(r: dict, dtype: str, info: dict) -> dict:
         "peak_memory_source": r["peak_memory_source"],
         "matmul_flops": roof.get("matmul_flops"),
         "xla_flops": roof.get("xla_flops"),
-        "matmul_peak_at_model_shapes_flops_per_s": (roof.get("matmul_peak_gflops") or 0) * 1e9
-        or None,
+        "matmul_peak_at_model_shapes_flops_per_s": None if peak is None else peak * 1e9,
         "step": utilisation(roof.get("matmul_flops"), med, dtype, info),
         "rollout_s": bd["rollout_s"],
         "update_s": bd["update_s"],
