@@ -22,6 +22,7 @@ carry ``rollout_s`` and ``update_s``, whose update includes the optimizer and al
 import json
 import statistics
 
+import device_lock
 import jax
 from absl import app, flags
 from measure import configure_host, matmul_peak, memory, step_flops, time_train_step, timed
@@ -49,11 +50,13 @@ def breakdown(step, state, inputs, runs):
     with the host rewards computed once beforehand when the task has a Python reward)."""
     rollout = jax.jit(step.rollout)
     update = jax.jit(step.update)
-    batch, _ = timed(rollout, state, inputs)  # compile
-    host = None if step.host is None else step.host(batch)
-    timed(update, state, inputs, batch, host)  # compile
-    _, t_rollout = timed(rollout, state, inputs, runs=runs)
-    _, t_update = timed(update, state, inputs, batch, host, runs=runs)
+    with device_lock.shared():  # the first calls compile
+        batch, _ = timed(rollout, state, inputs)
+        host = None if step.host is None else step.host(batch)
+        timed(update, state, inputs, batch, host)
+    with device_lock.timed():
+        _, t_rollout = timed(rollout, state, inputs, runs=runs)
+        _, t_update = timed(update, state, inputs, batch, host, runs=runs)
     return {
         "rollout_s": statistics.median(t_rollout),
         "update_s": statistics.median(t_update),
@@ -165,6 +168,7 @@ def main(argv):
         "loss": float(metrics["loss"]),
         "params_sharding": str(jax.tree.leaves(state.params)[0].sharding),
         "cpu_buffers": cpu_buffers,
+        **device_lock.report(),
     }
     if roof is not None:
         res["roofline"] = roof

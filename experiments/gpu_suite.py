@@ -4,7 +4,19 @@ large V, and a larger model, written as one JSON and one markdown table.
   GRPO_JAX_DATA=/work/shared/data/tinyshakespeare.txt python experiments/gpu_suite.py
 
 Parts, each measured in its own subprocess (so ``memory_stats()`` peaks are each part's own;
-a part that fails or times out is recorded as such and the others still run):
+a part that fails or times out is recorded as such and the others still run), three at a
+time by default (``--jobs``). Side by side, the children take turns on the device through
+experiments/device_lock.py: a child's timed calls (warm-up included) hold it alone, its
+compiles share it, so each timing sees an idle device while the next children compile. On
+one H200, one at a time, a child's step compiled in 33-45 s and its timed calls took seconds
+(V = 50,000's one iteration 80 s), and the children that ran added up to 528 s of wall time
+without the probe, the peaks, V = 1,000 and the profiles: over the 8 minutes on their own.
+The record's ``device_lock`` says how long each kind held and waited and checks that no timed
+section overlapped another process's. JAX does not preallocate with several children
+(XLA_PYTHON_CLIENT_PREALLOCATE=false; each may still grow to 92 % of the device), and all of
+them share one compilation cache in the run's temporary directory: the profile part's
+programs are the step and large parts' own, loaded instead of compiled again. ``--jobs=1``
+runs them one at a time, as the H200's record was measured.
 
 - ``probe``: the device (device_kind, platform, count), jax / jaxlib versions and the float32
   matmul precision (``jax_default_matmul_precision``: unset = DEFAULT, under which XLA runs
@@ -56,8 +68,8 @@ cut off by a time limit leaves what it measured); exits 1 when a part failed (af
 both). ``--parts`` runs a subset (the probe always runs).
 
 ``--smoke``: every part at tiny sizes on the CPU (JAX_PLATFORMS=cpu, XLA's cheap compiles)
-through the same functions, two measurements at a time (``--jobs``; a GPU run takes them one
-at a time), into a fresh temporary directory unless --out_dir is given; the step part in
+through the same functions, two measurements at a time (``--jobs``) with the device lock,
+into a fresh temporary directory unless --out_dir is given; the step part in
 float32 only (benchmark.py in bfloat16 runs in the large part), V = 65 and 256 (chunked) on a
 1-layer model, the large part on a 2-layer x 64 one; targets are reported as "n/a (smoke)".
 tests/test_gpu_suite.py runs it (about 95 s of CPU time, under a minute on 2 idle cores).
@@ -124,6 +136,7 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 sys.path.insert(0, str(HERE))  # measure.py, trl_grpo.py, gpu_suite_*.py beside this file
 
+import device_lock  # noqa: E402
 import gpu_suite_report as report  # noqa: E402
 from gpu_suite_parts import jobs_of, peak, probe, shown  # noqa: E402
 from gpu_suite_plan import plan  # noqa: E402
@@ -142,7 +155,11 @@ flags.DEFINE_string(
 flags.DEFINE_string("name", "", "Basename of the outputs ('': gpu_suite_<device>[_smoke]).")
 flags.DEFINE_string("trl_python", sys.executable, "The Python that runs TRL (torch, trl).")
 flags.DEFINE_integer(
-    "jobs", 0, "Measurements at a time (0: 1, or 2 with --smoke; on a GPU keep 1).", lower_bound=0
+    "jobs",
+    0,
+    "Measurements at a time (0: 3 on a GPU, 2 with --smoke); above 1 their timed sections "
+    "take turns on the device (experiments/device_lock.py), their compiles overlap.",
+    lower_bound=0,
 )
 flags.DEFINE_float("time_scale", 1.0, "Multiplies every part's time limit.", lower_bound=0.1)
 flags.DEFINE_float(
@@ -168,6 +185,7 @@ CHILD_ENV_KEYS = (
     "JAX_PLATFORMS",
     "JAX_DISABLE_MOST_OPTIMIZATIONS",
     "XLA_PYTHON_CLIENT_MEM_FRACTION",
+    "XLA_PYTHON_CLIENT_PREALLOCATE",
 )
 START = time.perf_counter()  # --budget_s counts from here
 MIN_PART_S = 60  # a part given less than this is not started (no compile fits in it)
@@ -178,12 +196,21 @@ OOM = ("RESOURCE_EXHAUSTED", "Out of memory", "out of memory", "OOM")
 # the children: each measurement in its own process
 
 
-def child_env(smoke: bool) -> dict:
+def child_env(smoke: bool, workers: int, scratch: Path) -> dict:
+    """The children's environment. ``scratch`` (the run's temporary directory) holds the
+    compilation cache they share (the profile part's steps are programs the step and large
+    parts compiled before: loaded, not compiled again) and, with ``workers`` > 1, the device
+    lock their timed sections take turns on."""
     env = dict(os.environ)
     if smoke:  # the CPU, and XLA's cheap compiles: the smoke checks the code, not the speed
         env.update(JAX_PLATFORMS="cpu", JAX_DISABLE_MOST_OPTIMIZATIONS="1")
     else:  # let one part's step use most of the GPU (JAX's default preallocates 75 %)
         env.setdefault("XLA_PYTHON_CLIENT_MEM_FRACTION", "0.92")
+        if workers > 1:  # several processes on one GPU: each takes what it uses, up to that
+            env["XLA_PYTHON_CLIENT_PREALLOCATE"] = "false"
+    env.setdefault("JAX_COMPILATION_CACHE_DIR", str(scratch / "jax_cache"))
+    if workers > 1:
+        env[device_lock.ENV] = str(scratch / "device_lock")
     return env
 
 
@@ -234,8 +261,8 @@ def run_command(cmd: list, env: dict, timeout: float) -> dict:
 
 
 def run_jobs(jobs: list, env: dict, workers: int, done=lambda: None) -> list:
-    """The children one at a time (a GPU: each alone on the device, its memory peak its own),
-    or ``workers`` at a time (--smoke on a CPU: they are independent); ``done()`` after each."""
+    """The children ``workers`` at a time (with more than one, their timed sections take turns
+    through the device lock in ``env``); ``done()`` after each."""
     for job in jobs:  # a Python that is not there skips TRL without starting anything
         if job["part"] == "trl" and not (
             Path(FLAGS.trl_python).exists() or shutil.which(FLAGS.trl_python)
@@ -282,8 +309,14 @@ def main(argv):
         raise app.UsageError(f"--parts: unknown {sorted(unknown)}; known {PARTS}")
     t0 = time.perf_counter()
     smoke, p = FLAGS.smoke, plan(FLAGS.smoke)
-    env = child_env(smoke)
-    workers = FLAGS.jobs or (2 if smoke else 1)
+    workers = FLAGS.jobs or (2 if smoke else 3)
+    with tempfile.TemporaryDirectory(prefix="gpu_suite_") as scratch:
+        suite(smoke, p, workers, child_env(smoke, workers, Path(scratch)), t0)
+
+
+def suite(smoke: bool, p: dict, workers: int, env: dict, t0: float) -> None:
+    """Runs the plan's children ``workers`` at a time in ``env``, writing both outputs after
+    each; exits 1 when a part failed."""
     out_dir = Path(
         FLAGS.out_dir
         or (tempfile.mkdtemp(prefix="gpu_suite_smoke_") if smoke else ROOT / "experiments/results")
@@ -305,7 +338,9 @@ def main(argv):
         with lock:
             if not final and "result" not in jobs[0]:
                 return None
-            raw = report.record(jobs, p, smoke=smoke, final=final, t0=t0, **run)
+            lock_dir = env.get(device_lock.ENV)
+            shared = device_lock.summary(lock_dir) if lock_dir else None
+            raw = report.record(jobs, p, smoke=smoke, final=final, t0=t0, device_lock=shared, **run)
             return raw, report.write(raw, out_dir, FLAGS.name)
 
     if FLAGS.resume:  # the probe first: the kept measurements must be this device kind's

@@ -78,12 +78,27 @@ def overview(raw: dict) -> list:
         "processes' wall times added): "
         + ", ".join(f"{k} {v:.0f} s" for k, v in raw["part_wall_s"].items())
         + ".",
+        *lock_line(raw.get("device_lock")),
         *(
             []
             if raw["complete"]
             else ["- **Partial**: written after each measurement; this run had not finished."]
         ),
         "",
+    ]
+
+
+def lock_line(lock: dict | None) -> list:
+    """How the side-by-side children shared the device (experiments/device_lock.py)."""
+    if not lock:
+        return []
+    sh, tm = lock["shared"], lock["timed"]
+    return [
+        f"- Side by side: {lock['processes']} processes took the device lock; "
+        f"{tm['sections']} timed sections held it alone for {tm['held_s']:.0f} s (waiting "
+        f"{tm['waited_s']:.0f} s), {sh['sections']} compiles shared it for {sh['held_s']:.0f} s "
+        f"(waiting {sh['waited_s']:.0f} s); longest overlap of a timed section with another "
+        f"process's: {lock['timed_overlap_s']:.3f} s."
     ]
 
 

@@ -69,12 +69,13 @@ def peak(spec: dict) -> dict:
     own process, so a slow compile costs its time limit and nothing else: on one H200 the
     probe that measured both dtypes in one process timed out at 300 s, compiling the
     bfloat16 loop's fused matmul, and took the device's record with it."""
+    import device_lock
     import jax
     from measure import matmul_peak
 
     progress(f"{jax.devices()[0].device_kind}: the {spec['dtype']} matmul peak")
     by_shape, best = matmul_peak([tuple(s) for s in spec["peak_shapes"]], spec["dtype"])
-    return {"flops_per_s": best * 1e9, "gflops_by_shape": by_shape}
+    return {"flops_per_s": best * 1e9, "gflops_by_shape": by_shape, **device_lock.report()}
 
 
 # ---------------------------------------------------------------------------------------

@@ -108,7 +108,8 @@ def assemble(jobs: list) -> tuple[dict, dict]:
 
 def record(jobs: list, p: dict, *, smoke: bool, final: bool, t0: float, **run) -> dict:
     """The suite's JSON record of the jobs done so far (``run``: its command, the checkout's
-    git state, child_env and workers; ``t0``: its start, ``time.perf_counter()``)."""
+    git state, child_env, workers and the device lock's summary, None with one worker; ``t0``:
+    its start, ``time.perf_counter()``)."""
     results, part_wall = assemble(jobs)
     info, wall = results["probe"], time.perf_counter() - t0
     return {
@@ -121,6 +122,7 @@ def record(jobs: list, p: dict, *, smoke: bool, final: bool, t0: float, **run) -
         "dtypes": list(p["dtypes"]),
         "child_env": run["child_env"],
         "workers": run["workers"],
+        "device_lock": run["device_lock"],
         "plan": p,
         "part_wall_s": part_wall,
         "wall_s": wall,

@@ -4,6 +4,7 @@ import math
 import resource
 import time
 
+import device_lock
 import jax
 import jax.numpy as jnp
 
@@ -40,21 +41,26 @@ def time_train_step(jitted_step, state, inputs, warmup: int, steps: int):
     rollout, host rewards, jitted update) has no ``lower``: its first call, compilations
     included, is timed as the compile instead, and ``compiled`` is None.
 
+    The compile holds device_lock.shared(), the warm-up and timed steps device_lock.timed()
+    (no-ops unless gpu_suite.py runs children side by side).
+
     Returns (compiled, state, last metrics, compile seconds, per-step seconds)."""
-    t0 = time.perf_counter()
-    if hasattr(jitted_step, "lower"):
-        compiled = jitted_step.lower(state, inputs).compile()
-    else:
-        compiled = None
-        state, _ = jax.block_until_ready(jitted_step(state, inputs))
+    with device_lock.shared():
+        t0 = time.perf_counter()
+        if hasattr(jitted_step, "lower"):
+            compiled = jitted_step.lower(state, inputs).compile()
+        else:
+            compiled = None
+            state, _ = jax.block_until_ready(jitted_step(state, inputs))
+        compile_s = time.perf_counter() - t0
     run = compiled if compiled is not None else jitted_step
-    compile_s = time.perf_counter() - t0
-    for _ in range(warmup):
-        state, _ = jax.block_until_ready(run(state, inputs))
     times, metrics = [], None
-    for _ in range(steps):  # one call per timing: each step consumes the state it is given
-        (state, metrics), t = timed(run, state, inputs)
-        times += t
+    with device_lock.timed():
+        for _ in range(warmup):
+            state, _ = jax.block_until_ready(run(state, inputs))
+        for _ in range(steps):  # one call per timing: each step consumes the state it is given
+            (state, metrics), t = timed(run, state, inputs)
+            times += t
     return compiled, state, metrics, compile_s, times
 
 
@@ -160,7 +166,9 @@ def matmul_peak(shapes, dtype="float32", repeats=50, runs=5):
 
         loop = jax.jit(lambda acc, x=x: jax.lax.scan(body, acc, jnp.arange(repeats))[0])
         acc = jnp.zeros((m, n), dtype)
-        timed(loop, acc)
-        _, times = timed(loop, acc, runs=runs)
+        with device_lock.shared():
+            timed(loop, acc)  # compiles
+        with device_lock.timed():
+            _, times = timed(loop, acc, runs=runs)
         rates[f"{m}x{k}x{n}"] = 2 * m * k * n * repeats / min(times) / 1e9
     return rates, max(rates.values())

@@ -43,6 +43,7 @@ import sys
 import time
 from pathlib import Path
 
+import device_lock
 import jax
 from absl import app, flags
 from measure import configure_host, matmul_flops_of
@@ -86,14 +87,16 @@ def trace_step(config, steps: int, warmup: int):
     state = [task.make_state(params0)]  # each step consumes (donates) the state it is given
     jaxpr = jax.make_jaxpr(step.fused)(state[0], inputs).jaxpr
     flops = {k: matmul_flops_of(jaxpr, b) for k, b in KIND_BATCHED.items()}
-    compiled = jax.jit(step.fused, donate_argnums=0).lower(state[0], inputs).compile()
+    with device_lock.shared():
+        compiled = jax.jit(step.fused, donate_argnums=0).lower(state[0], inputs).compile()
 
     def run():
         state[0] = jax.block_until_ready(compiled(state[0], inputs))[0]
 
-    for _ in range(warmup):
-        run()
-    return (compiled.as_text(), *traced(run, steps), flops)
+    with device_lock.timed():
+        for _ in range(warmup):
+            run()
+        return (compiled.as_text(), *traced(run, steps), flops)
 
 
 def main(argv):
@@ -117,6 +120,7 @@ def main(argv):
             instrs, thunk_times(trace_dir, instrs, module_name(hlo), FLAGS.steps), wall, FLAGS.top
         ),
         "matmul_gflop_per_step": {k: f / 1e9 for k, f in flops.items()},
+        **device_lock.report(),
     }
     shutil.rmtree(trace_dir)  # tens of MB per traced step
     if FLAGS.out_dir:

@@ -62,6 +62,7 @@ import sys
 import tempfile
 from pathlib import Path
 
+import device_lock
 import jax
 import numpy as np
 from absl import app, flags
@@ -215,6 +216,7 @@ def measure(v: int, chunk: int, loss_chunk: int, compile_only: bool = False) -> 
         "compile_s": compile_s,
         "loadavg_1m_before_after": [load_before[0], os.getloadavg()[0]],
         **memory(compiled),
+        **device_lock.report(),
     }
     if FLAGS.flops:  # traced again (shapes only): the state handed back is a live one
         out.update(step_flops(step.fused, state, inputs, compiled=compiled))

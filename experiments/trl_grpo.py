@@ -40,6 +40,8 @@ import tempfile
 import time
 import warnings
 
+import device_lock  # experiments/, beside this file
+
 DEFAULTS = {
     "steps": 5,  # timed optimizer steps
     "warmup": 2,  # untimed optimizer steps first
@@ -251,9 +253,10 @@ def run(**kwargs) -> dict:
         processing_class=tokenizer,
         callbacks=[timer],
     )
-    t0 = time.perf_counter()
-    trainer.train()
-    train_s = time.perf_counter() - t0
+    with device_lock.timed():  # the warm-up steps too: torch has no compile to share
+        t0 = time.perf_counter()
+        trainer.train()
+        train_s = time.perf_counter() - t0
 
     if len(timer.step_s) != total:
         raise RuntimeError(f"timed {len(timer.step_s)} optimizer steps, expected {total}")
@@ -297,6 +300,7 @@ def run(**kwargs) -> dict:
         "median_loop_s": statistics.median(loops) if loops else None,
         "train_s": train_s,
         "last_log": log[-1] if log else None,
+        **device_lock.report(),
     }
     return res
 

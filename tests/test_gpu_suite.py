@@ -36,6 +36,15 @@ def test_gpu_suite_smoke(tmp_path, shakespeare_path):
         assert "--child=peak" in res["peak"][dtype]["command"]
     assert set(res) == {"probe", "peak", "step", "trl", "exhaustive", "large", "profile"}
     assert set(raw["part_wall_s"]) == set(res) and positive(raw["wall_s"])
+    # two children at a time: every measuring child took the device lock, and no timed
+    # section shared the device (peak x2, step, V x2, large, profile; TRL where installed)
+    lock = raw["workers"] == 2 and raw["device_lock"]
+    assert lock["processes"] >= 7 and lock["timed_overlap_s"] == 0, lock
+    assert lock["timed"]["sections"] >= 9 and lock["shared"]["sections"] >= 9, lock
+    assert "- Side by side: " in md.read_text().split("## Targets")[0]
+    for c in raw["child_records"]:  # each child's own record says how long it waited
+        if c["part"] not in ("probe", "trl"):
+            assert set(c["result"]["device_lock_wait_s"]) == {"shared", "timed"}, c
 
     def check_bench(r, dtype):
         assert r["dtype"] == dtype, r
