@@ -244,9 +244,12 @@ def profile_section(prof: dict, name: str) -> list:
     if "error" in prof:
         return lines + [f"failed: {prof['error']}"]
     total = prof["thunk_ms_per_step"]
-    share = lambda d: ", ".join(f"{k} {100 * v / total:.0f} %" for k, v in d.items())
+    share = lambda d: ", ".join(f"{k} {100 * v / (total or math.nan):.0f} %" for k, v in d.items())
+    lost = prof.get("unattributed") or {}
     lines += [
-        f"Wall {prof['wall_ms_per_step']:.2f} ms / step; kernels / thunks {total:.2f} ms / step.",
+        f"Wall {prof['wall_ms_per_step']:.2f} ms / step; kernels / thunks {total:.2f} ms / step "
+        f"attributed to an instruction, {lost.get('ms_per_step', 0.0):.2f} ms not "
+        f"({', '.join(lost.get('names', [])) or 'none'}).",
         f"- by stage: {share(prof['by_stage'])}",
         f"- by kind: {share(prof['by_kind'])}",
     ]

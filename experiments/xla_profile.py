@@ -103,11 +103,17 @@ def module_name(text: str) -> str:
     return re.match(r"HloModule ([\w.\-]+)", text).group(1)
 
 
-def thunk_times(trace_dir: str, instrs: dict, module: str, steps: int) -> dict:
-    """{instruction name: (thunk-ms per step, calls per step)} from the perfetto trace: every
-    complete event of ``module`` whose ``hlo_op`` is an instruction other than control flow.
-    Where the trace has device tracks (a GPU's or TPU's kernels), only their events count:
-    the host's launches of them would count the same instructions twice."""
+def thunk_times(trace_dir: str, instrs: dict, module: str, steps: int) -> tuple[dict, dict]:
+    """({instruction name: (thunk-ms per step, calls per step)}, what matched none) from the
+    perfetto trace: every complete event of ``module`` whose ``hlo_op`` (or its last ``/``
+    part) is an instruction other than control flow. Where the trace has device tracks (a
+    GPU's or TPU's kernels), only their events count: the host's launches of them would count
+    the same instructions twice.
+
+    The second dict (ms and events per step, a few of their names) is the time this could not
+    attribute: on device tracks every kernel that names no instruction of ``module`` (a CUDA
+    graph's kernels may carry no ``hlo_op``; a profile has yet to run on a GPU), on a CPU the
+    module's events of instructions not in its HLO."""
     (path,) = Path(trace_dir).rglob("perfetto_trace.json.gz")
     with gzip.open(path) as f:
         trace = json.load(f)
@@ -118,20 +124,23 @@ def thunk_times(trace_dir: str, instrs: dict, module: str, steps: int) -> dict:
         if e.get("ph") == "M" and e.get("args", {}).get("name", "").startswith("/device:")
     }
     ms, calls = collections.Counter(), collections.Counter()
+    lost = {"ms_per_step": 0.0, "events_per_step": 0.0, "names": collections.Counter()}
     for e in events:
         args = e.get("args") or {}
         name = args.get("hlo_op", "")
-        if (
-            e.get("ph") != "X"
-            or args.get("hlo_module") != module
-            or (devices and e.get("pid") not in devices)
-            or name not in instrs
-            or instrs[name]["opcode"] in CONTROL
-        ):
+        name = name if name in instrs else name.rsplit("/", 1)[-1]
+        ours = args.get("hlo_module") == module
+        if e.get("ph") != "X" or (e.get("pid") not in devices if devices else not ours):
             continue
-        ms[name] += e.get("dur", 0) / 1e3 / steps
-        calls[name] += 1 / steps
-    return {n: (ms[n], calls[n]) for n in ms}
+        if not ours or name not in instrs:
+            lost["ms_per_step"] += e.get("dur", 0) / 1e3 / steps
+            lost["events_per_step"] += 1 / steps
+            lost["names"][name or e.get("name", "?")] += 1
+        elif instrs[name]["opcode"] not in CONTROL:
+            ms[name] += e.get("dur", 0) / 1e3 / steps
+            calls[name] += 1 / steps
+    lost["names"] = [n for n, _ in lost["names"].most_common(5)]
+    return {n: (ms[n], calls[n]) for n in ms}, lost
 
 
 def traced(run, steps: int) -> tuple[str, float]:
@@ -148,8 +157,10 @@ def traced(run, steps: int) -> tuple[str, float]:
     return trace_dir, wall
 
 
-def summarise(instrs: dict, times: dict, wall_s: float, top: int) -> dict:
-    """Core-ms per step by kind, by stage, by stage and kind, and the costliest instructions."""
+def summarise(instrs: dict, timing: tuple, wall_s: float, top: int) -> dict:
+    """Core-ms per step by kind, by stage, by stage and kind, the costliest instructions and
+    the time no instruction claimed (``timing``: thunk_times's pair)."""
+    times, unattributed = timing
     by_kind, by_stage = collections.Counter(), collections.Counter()
     cross = collections.defaultdict(collections.Counter)
     rows = []
@@ -169,6 +180,7 @@ def summarise(instrs: dict, times: dict, wall_s: float, top: int) -> dict:
         "by_stage": dict(by_stage.most_common()),
         "by_stage_and_kind": {st: dict(cross[st]) for st in by_stage},
         "top": rows[:top],
+        "unattributed": unattributed,
     }
 
 
@@ -188,6 +200,7 @@ def markdown(res: dict) -> str:
         "| --- " * (len(kinds) + 3) + "|",
     ]
     cell = lambda ms: f"{ms:.1f}" if ms else "–"
+    total = total or float("nan")  # nothing attributed: the shares say so, no crash
     for stage, ms in res["by_stage"].items():
         row = res["by_stage_and_kind"][stage]
         cells = " | ".join(cell(row.get(k, 0.0)) for k in kinds)
@@ -202,7 +215,7 @@ def markdown(res: dict) -> str:
             f"matmul FLOPs) in {100 * ms / total:.0f} % of the thunk time: "
             f"{g / max(ms, 1e-9) * 1e3:.0f} GFLOP per thunk-second"
         )
-    lines.append("")
+    lines += [unattributed_line(res.get("unattributed")), ""]
     lines += ["| instruction | kind | stage | thunk-ms | calls | shape |", "| --- " * 6 + "|"]
     lines += [
         f"| {r['instruction']} | {r['kind']} | {r['stage']} | {r['thunk_ms']:.2f} | "
@@ -210,3 +223,13 @@ def markdown(res: dict) -> str:
         for r in res["top"]
     ]
     return "\n".join(lines) + "\n"
+
+
+def unattributed_line(lost: dict | None) -> str:
+    """The traced time no instruction of the step's module claimed, in one line."""
+    if not lost or not lost["events_per_step"]:
+        return "- every traced event of the step was attributed to an instruction"
+    return (
+        f"- not attributed to an instruction: {lost['ms_per_step']:.2f} ms per step in "
+        f"{lost['events_per_step']:.0f} events (e.g. {', '.join(lost['names'])})"
+    )

@@ -2,6 +2,8 @@
 small program whose instructions are known (a dense matmul, a batched one inside a scan under
 the "rollout" scope, a transpose)."""
 
+import gzip
+import json
 import sys
 from pathlib import Path
 
@@ -42,7 +44,8 @@ def profiled():
 
 
 def test_instructions_are_classified_by_kind_and_stage(profiled):
-    instrs, times, _ = profiled
+    instrs, (times, lost), _ = profiled
+    assert lost["events_per_step"] == 0, lost  # on a CPU every thunk of the module is named
     kinds = {}
     for name in times:
         kinds.setdefault(P.kind_of(name, instrs[name]), []).append(name)
@@ -74,8 +77,8 @@ def test_stage_rules_follow_the_engine_scopes_and_transformations():
 
 
 def test_summary_adds_up_and_the_markdown_names_every_stage(profiled):
-    instrs, times, wall = profiled
-    res = P.summarise(instrs, times, wall, top=3)
+    instrs, (times, lost), wall = profiled
+    res = P.summarise(instrs, (times, lost), wall, top=3)
     total = sum(ms for ms, _ in times.values())
     assert res["thunk_ms_per_step"] == pytest.approx(total)
     assert sum(res["by_kind"].values()) == pytest.approx(total)
@@ -125,3 +128,34 @@ def test_an_unnamed_loop_body_instruction_takes_its_loops_name():
     assert fusion["body"] == ["parameter", "transpose"]
     assert P.kind_of("transpose_copy_fusion.4", fusion) == "layout"
     assert P.stage_of(fusion["op_name"]) == "update: forward"
+
+
+def test_device_tracks_count_kernels_and_report_what_names_no_instruction(tmp_path):
+    """A GPU-shaped trace: only the device track's kernels count (the host's launches would
+    count them twice); an ``hlo_op`` given as a path still names its instruction; kernels with
+    no instruction of the module (a CUDA graph's, another module's) are reported, not lost,
+    and a profile where nothing is attributed still renders."""
+    instrs = P.parse_hlo(HLO)
+    mod = {"hlo_module": "jit_fused"}
+    events = [
+        {"ph": "M", "pid": 7, "name": "process_name", "args": {"name": "/device:GPU:0"}},
+        {"ph": "M", "pid": 1, "name": "process_name", "args": {"name": "/host:CPU"}},
+        {"ph": "X", "pid": 7, "dur": 300, "args": {**mod, "hlo_op": "dot.7"}},
+        {"ph": "X", "pid": 7, "dur": 100, "args": {**mod, "hlo_op": "x/transpose_copy_fusion.4"}},
+        {"ph": "X", "pid": 7, "dur": 50, "args": {**mod, "hlo_op": "while.3"}},  # control
+        {"ph": "X", "pid": 7, "dur": 40, "name": "graph_kernel", "args": {}},
+        {"ph": "X", "pid": 7, "dur": 20, "args": {"hlo_module": "other", "hlo_op": "dot.7"}},
+        {"ph": "X", "pid": 1, "dur": 900, "args": {**mod, "hlo_op": "dot.7"}},  # the launch
+    ]
+    (tmp_path / "run").mkdir()
+    with gzip.open(tmp_path / "run" / "perfetto_trace.json.gz", "wt") as f:
+        json.dump({"traceEvents": events}, f)
+    times, lost = P.thunk_times(str(tmp_path), instrs, "jit_fused", steps=2)
+    assert times == {"dot.7": (0.15, 0.5), "transpose_copy_fusion.4": (0.05, 0.5)}
+    assert lost["ms_per_step"] == pytest.approx(0.03) and lost["events_per_step"] == 1.0
+    assert set(lost["names"]) == {"graph_kernel", "dot.7"}
+    res = P.summarise(instrs, ({}, lost), 1e-3, top=3)
+    res.update(name="t", when="now", machine="m", device="d", jax=jax.__version__,
+               dtype="float32", command="c", steps=2,
+               matmul_gflop_per_step={"matmul": 1.0})  # fmt: skip
+    assert "not attributed to an instruction: 0.03 ms per step in 1 events" in P.markdown(res)
