@@ -40,10 +40,10 @@ runs them one at a time, as the H200's record was measured.
   subprocess per V, chunks chosen for an 80 GB GPU), with the frozen-policy KL reference and
   k3: time per iteration, peak bytes, MFU, and the guide's 6 s / 12 GB, 24 s / 48 GB,
   95 s / 190 GB and "infeasible" beside them.
-- ``large``: a 12-layer x 768 x 12-head char GPT, context 256, horizon 128, 16 prompts x
-  G = 16 (8 prompts if that runs out of memory), bfloat16 compute, through benchmark.py:
-  MFU of the rollout and of the update separately (benchmark.py's ``breakdown`` times; the
-  probe's FLOPs of each half).
+- ``large``: a 12-layer x 768 x 12-head char GPT, context 256, horizon 128, G = 16, bfloat16
+  compute, through benchmark.py at 16 and 32 prompts per step (256 and 512 sequences per
+  decode step; keyed by prompts): MFU of the rollout and of the update separately
+  (benchmark.py's ``breakdown`` times; its own FLOP counts of each half).
 - ``profile``: ``experiments/profile_step.py`` in bfloat16 on the step above and on the large
   model: a jax.profiler trace, busy time by stage (rollout's decode loop, reference, update's
   forward / backward) and by kind of work (dense and batched matmuls, elementwise, layout), and
@@ -262,7 +262,9 @@ def run_command(cmd: list, env: dict, timeout: float) -> dict:
 
 def run_jobs(jobs: list, env: dict, workers: int, done=lambda: None) -> list:
     """The children ``workers`` at a time (with more than one, their timed sections take turns
-    through the device lock in ``env``); ``done()`` after each."""
+    through the device lock in ``env``); ``done()`` after each. A child that ran out of memory
+    beside others runs again once the rest are done, alone (its neighbours' memory may have
+    been what it lacked); its record keeps the first error in ``retried_alone_after``."""
     for job in jobs:  # a Python that is not there skips TRL without starting anything
         if job["part"] == "trl" and not (
             Path(FLAGS.trl_python).exists() or shutil.which(FLAGS.trl_python)
@@ -271,23 +273,20 @@ def run_jobs(jobs: list, env: dict, workers: int, done=lambda: None) -> list:
     todo = [j for j in jobs if "result" not in j]
 
     def run(job):
-        res = run_child(job, env)
-        if res.get("out_of_memory") and job.get("fallback"):
-            print("  out of memory: the smaller fallback", flush=True)
-            first = res
-            res = run_child(job["fallback"], env)
-            res["fallback_after"] = {"command": first["command"], "error": first["error"]}
-            res["wall_s"] += first["wall_s"]
-        job["result"] = res
+        job["result"] = run_child(job, env)
         done()
-        return res
 
     if workers <= 1:
         for job in todo:
             run(job)
-    else:
-        with ThreadPoolExecutor(workers) as pool:
-            list(pool.map(run, todo))
+        return jobs
+    with ThreadPoolExecutor(workers) as pool:
+        list(pool.map(run, todo))
+    for job in [j for j in todo if j["result"].get("out_of_memory")]:
+        first = job["result"]
+        print(f"{job['part']} {job['key']}: out of memory beside others, again alone", flush=True)
+        run(job)
+        job["result"]["retried_alone_after"] = {"error": first["error"], "wall_s": first["wall_s"]}
     return jobs
 
 

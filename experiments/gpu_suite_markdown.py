@@ -40,8 +40,10 @@ def markdown(raw: dict) -> str:
         lines += trl_section(res["trl"], step)
     if res.get("exhaustive") is not None:
         lines += exhaustive_section(res["exhaustive"])
-    if res.get("large") is not None:
-        lines += large_section(res["large"])
+    if res.get("large"):
+        lines += ["", "## Larger model: where the framework stands when the GPU is busy"]
+        for batch, large in res["large"].items():
+            lines += large_section(large, batch)
     for name, prof in (res.get("profile") or {}).items():
         lines += profile_section(prof, name)
     lines += ["", "## Commands", ""]
@@ -207,8 +209,9 @@ def exhaustive_section(exh: dict) -> list:
     return lines
 
 
-def large_section(large: dict) -> list:
-    lines = ["", "## Larger model: where the framework stands when the GPU is busy", ""]
+def large_section(large: dict, batch: str) -> list:
+    """One of the large part's measurements (``batch``: its prompts per step)."""
+    lines = ["", f"### {batch} prompts per step", ""]
     if "error" in large:
         lines.append(f"failed: {large['error']}")
     else:

@@ -156,7 +156,7 @@ def jobs_of(p: dict, parts, trl_python: str) -> list:
     if "exhaustive" in parts:
         jobs += exhaustive_jobs(p["exhaustive"])
     if "large" in parts:
-        jobs.append(large_job(p["large"]))
+        jobs += large_jobs(p["large"])
     if "profile" in parts:
         jobs += profile_jobs(p["profile"])
     return jobs
@@ -228,9 +228,11 @@ def exhaustive_jobs(cfg: dict) -> list:
     return jobs
 
 
-def large_job(cfg: dict) -> dict:
-    job = bench_job("large", cfg, cfg["overrides"]["model.dtype"])
-    if cfg.get("fallback_batch"):  # run only if the first runs out of memory
-        overrides = {**cfg["overrides"], "train.batch_size": cfg["fallback_batch"]}
-        job["fallback"] = bench_job("large", {**cfg, "overrides": overrides}, job["key"])
-    return job
+def large_jobs(cfg: dict) -> list:
+    """benchmark.py on the large model at each of the plan's prompts per step, keyed by it."""
+    jobs = []
+    for batch in cfg["batches"]:
+        overrides = {**cfg["overrides"], "train.batch_size": batch}
+        job = bench_job("large", {**cfg, "overrides": overrides}, overrides["model.dtype"])
+        jobs.append({**job, "key": str(batch)})
+    return jobs

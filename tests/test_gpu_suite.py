@@ -9,6 +9,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -62,8 +64,9 @@ def test_gpu_suite_smoke(tmp_path, shakespeare_path):
     assert list(res["step"]) == ["float32"]
     check_bench(res["step"]["float32"], "float32")
     check_flops_only(res["step"]["float32"], env)
-    check_bench(res["large"], "bfloat16")
-    assert "--config.model.num_layers=2" in res["large"]["command"]
+    assert list(res["large"]) == ["2"]  # keyed by prompts per step
+    check_bench(res["large"]["2"], "bfloat16")
+    assert "--config.model.num_layers=2" in res["large"]["2"]["command"]
 
     assert set(res["trl"]) == {"float32", "bfloat16"}
     for r in res["trl"].values():  # skipped where torch/trl are absent (this env), else run
@@ -148,7 +151,7 @@ def test_a_spent_budget_records_every_part_as_not_run(tmp_path):
     assert raw["complete"] is True and (tmp_path / "spent.md").exists()
     errors = [raw["results"]["probe"]["error"]] + [
         r["error"] for part in ("peak", "step", "trl", "exhaustive", "large", "profile")
-        for r in (raw["results"][part].values() if part != "large" else [raw["results"][part]])
+        for r in raw["results"][part].values()
     ]  # fmt: skip
     assert len(errors) == 1 + 2 + 1 + 2 + 2 + 1 + 1
     assert set(errors) == {"not run: --budget_s=1 spent"}, errors
@@ -194,3 +197,72 @@ def test_the_gpu_plan_profiles_the_step_and_the_large_model():
         assert "--out_dir=" in cmd  # the JSON on stdout only
     assert "--config.model.d_model=768" in profiles["large"]
     assert "--config.model.d_model=768" not in profiles["step"]
+
+
+def test_the_large_model_runs_at_each_batch_of_the_plan():
+    """The GPU plan measures the 12 x 768 model at 16 and 32 prompts, each its own child keyed
+    by prompts, and the report gives each its figures and its own rollout-MFU target."""
+    sys.path.insert(0, str(ROOT / "experiments"))
+    from gpu_suite_parts import jobs_of
+    from gpu_suite_plan import plan
+    from gpu_suite_report import assemble, targets
+
+    jobs = [j for j in jobs_of(plan(smoke=False), ("large",), sys.executable)
+            if j["part"] == "large"]  # fmt: skip
+    assert [j["key"] for j in jobs] == ["16", "32"]
+    for j in jobs:
+        assert f"--config.train.batch_size={j['key']}" in j["cmd"]
+        assert "--config.model.d_model=768" in j["cmd"]
+    device = {"device_kind": "NVIDIA H100 80GB HBM3", "platform": "gpu"}
+    record = {"overrides": {"model.dtype": "bfloat16"}, "params": 1, "median_step_s": 1.0,
+              "tokens_per_step": 1, "tokens_per_s": 1.0, "compile_s": 1.0, "step_times_s": [],
+              "peak_memory_bytes": 1, "peak_memory_source": "s", "device": "d", "wall_s": 1.0,
+              "command": "c", "breakdown": {"rollout_s": 0.5, "update_s": 0.5},
+              "roofline": {"matmul_flops": 3e14, "rollout_matmul_flops": 99e12,
+                           "update_matmul_flops": 2e14}}  # fmt: skip
+    jobs[0]["result"] = record
+    jobs[1]["result"] = {"error": "exit 1: RESOURCE_EXHAUSTED", "out_of_memory": True}
+    results, _ = assemble([{"part": "probe", "key": "device", "result": device}, *jobs])
+    assert results["large"]["16"]["rollout"]["mfu_nominal"] == pytest.approx(198 / 989)
+    checks = targets(results, gpu=True, wall_s=100.0, smoke=False)
+    assert checks["large model, 16 prompts: rollout MFU (nominal peak)"]["met"] is True
+    assert checks["large model, 32 prompts: rollout MFU (nominal peak)"]["met"].startswith("n/a")
+
+
+# a child that runs out of memory the first time it runs and measures the second
+FLAKY = """
+import json, sys
+from pathlib import Path
+tries = Path(sys.argv[1])
+tries.write_text(tries.read_text() + "x" if tries.exists() else "x")
+if len(tries.read_text()) == 1:
+    sys.exit("RESOURCE_EXHAUSTED: Out of memory while trying to allocate 1 bytes")
+print(json.dumps({"ok": len(tries.read_text())}))
+"""
+RUNNER = """
+import json, sys
+sys.argv = ["gpu_suite.py"]
+sys.path.insert(0, "experiments")
+import gpu_suite
+gpu_suite.FLAGS(sys.argv)
+jobs = json.loads(sys.stdin.read())
+print(json.dumps(gpu_suite.run_jobs(jobs, dict(gpu_suite.os.environ), workers=2)))
+"""
+
+
+def test_a_child_out_of_memory_beside_others_runs_again_alone(tmp_path):
+    py = sys.executable
+    jobs = [
+        {"part": "exhaustive", "key": "65", "timeout": 60,
+         "cmd": [py, "-c", FLAKY, str(tmp_path / "tries")]},
+        {"part": "exhaustive", "key": "256", "timeout": 60,
+         "cmd": [py, "-c", "import json; print(json.dumps({'other': 1}))"]},
+    ]  # fmt: skip
+    done = subprocess.run([py, "-c", RUNNER], cwd=ROOT, input=json.dumps(jobs), text=True,
+                          capture_output=True, timeout=120)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+    flaky, other = json.loads(done.stdout.strip().splitlines()[-1])
+    assert flaky["result"]["ok"] == 2 and other["result"]["other"] == 1
+    first = flaky["result"]["retried_alone_after"]
+    assert first["error"].startswith("exit 1: RESOURCE_EXHAUSTED"), first
+    assert "exhaustive 65: out of memory beside others, again alone" in done.stdout
