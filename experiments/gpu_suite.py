@@ -100,8 +100,10 @@ inside the call, the parts that did not fit recorded as not run):
   export GRPO_JAX_DATA=$PWD/shared/data/tinyshakespeare.txt PYTHONUNBUFFERED=1; \
   python3 experiments/gpu_suite.py --out_dir=$OUT --budget_s=540 2>&1 | tee $OUT/gpu_suite.log
 
-On one H200 the whole suite takes longer than one call (V = 50,000 alone: 36 s to compile,
-104 s an iteration). Back here the files lie under the reply's files_at: copy
+On one H200, one child at a time, the whole suite took longer than one call (V = 50,000
+alone: 36 s to compile, 104 s an iteration); side by side it may fit, unmeasured. Where a
+call ends with parts recorded as not run, back here the files lie under the reply's
+files_at: copy
 ``gpu_suite_<device>.json`` into a folder .git/info/exclude ignores (``.gpu_prev/``), and
 the next call (carry it too) adds ``--resume=.gpu_prev/gpu_suite_<device>.json``: the probe
 runs again, every measurement recorded there without an error is kept, the rest run. Then copy
@@ -112,7 +114,7 @@ say where it was) and at 300 s in the second, compiling the bfloat16 loop (XLA's
 compile" alarm for its GEMM fusion). The other parts' measurements were then
 run by hand (experiments/results/gpu_h200_2026-11-26/) and folded into the committed record,
 which an H200 lease can resume (``--resume=experiments/results/gpu_suite_nvidia-h200.json``:
-the peaks, the large model with this benchmark.py and the two profiles then run; each kept
+the peaks, the large model at both batches and the two profiles then run; each kept
 measurement names the checkout that made it in ``measured_at``).
 """
 
