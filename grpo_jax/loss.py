@@ -25,10 +25,10 @@ the same member chunks as the policy's training forward, so the reference's [B, 
 log-probs are never materialised at any V (at the cost of one reference forward per update),
 unless a reward term already asked for them (groups.Part.ref_logp), which the loss then reuses.
 
-Memory: a forced part's continuation tokens run their training forward ``group.loss_chunk``
-members at a time (default: the rollout's ``group.vocab_chunk``), each chunk rematerialised in
-the backward pass, so the [B, K, H, V] logits of a whole exhaustive group never exist at once
-(see continuation_terms).
+Memory: a sampled part's tokens and a forced part's continuation tokens run their training
+forward ``group.loss_chunk`` members at a time (default: the rollout's ``group.vocab_chunk``),
+each chunk rematerialised in the backward pass, so the [B, K, T, V] logits and the
+activations of a whole group never exist at once (see sampled_loss, continuation_terms).
 
 π_old: the μ updates reuse one batch of rollouts. The log-probs of iteration 0's forward are
 π_old exactly (same params, same computation as every later iteration), so they are captured
@@ -40,7 +40,7 @@ import jax.numpy as jnp
 
 from grpo_jax import candidates, objective
 from grpo_jax.groups import Part
-from grpo_jax.policy import Policy, Reference, token_logits
+from grpo_jax.policy import Policy, Reference, continue_logits
 from grpo_jax.rollout import chunked, tempered_logp, token_logp
 from grpo_jax.specs import GroupSpec, ObjectiveSpec
 
@@ -124,23 +124,50 @@ def make_loss(spec: ObjectiveSpec, group: GroupSpec, policy: Policy, reference: 
             lambda: reference.logprobs(ref_state, context, part.prompts, tokens)[:, :, start:]
         )
 
-    def agg_weights(mask):
-        """Per-token weights w with agg(x, mask) == Σ x·w for every x. Every aggregation is
-        linear in x with mask-only coefficients, so the weights are agg's gradient in x; they
-        let the member chunks of a forced part each add their share of the exact aggregate."""
-        return jax.grad(lambda x: agg(x, mask))(jnp.zeros(mask.shape, jnp.float32))
+    def agg_weights(mask, mode=None):
+        """Per-token weights w with aggregate(x, mask, mode) == Σ x·w for every x (mode:
+        grpo.loss_agg unless given). Every aggregation is linear in x with mask-only
+        coefficients, so the weights are its gradient in x; they let member chunks each add
+        their share of the exact aggregate."""
+        mode = mode or gr.loss_agg
+        zeros = jnp.zeros(mask.shape, jnp.float32)
+        return jax.grad(lambda x: objective.aggregate(x, mask, mode))(zeros)
+
+    def wsum(x, w):
+        """Σ_t x·w per member; masked positions (w = 0) may hold NaN / inf."""
+        return jnp.sum(jnp.where(w != 0, x, 0.0) * w, axis=-1)
 
     def sampled_loss(params, ref_state, part: Part, old_logp, first_iter):
-        _, logits = token_logits(policy, params, part.prompts, part.tokens)
-        lp_all = tempered_logp(logits, sp)  # [B, K, T, V]
-        logp = token_logp(lp_all, part.tokens)
-        old = jnp.where(first_iter, jax.lax.stop_gradient(logp), old_logp)
-        tok_mask = part.token_mask
-        pg, m = surrogate_terms(logp, old, part.advantages, tok_mask)
+        """Every generated token of a sampled part, ``group.loss_chunk`` members at a time
+        (all at once when it and group.vocab_chunk are 0), each chunk rematerialised in the
+        backward pass as in continuation_terms: the [B, K, T, V] logits never exist at once,
+        and the chunks' weighted sums add up to the unchunked aggregates and TRL's clip
+        metrics exactly."""
+        k = part.tokens.shape[1]
+        first, state = policy.prefill(params, part.prompts)
+        w, wm = agg_weights(part.token_mask), agg_weights(part.token_mask, "token-mean")
+        ref_tok = part.ref_token_logp
+        ref_tok = jnp.zeros(w.shape) if ref_tok is None else ref_tok
         context = reference_context(ref_state, part)
-        ref_dist = reference_dist(ref_state, context, part, part.tokens, part.ref_logp, 0)
-        kl = agg(kl_terms(lp_all, logp, part.ref_token_logp, ref_dist), tok_mask)
-        ent = agg(entropy(lp_all), tok_mask)
+
+        def chunk(tokens, old_c, adv_c, w_c, wm_c, ref_tok_c, ref_lp_c):
+            logits = continue_logits(policy, params, first, state, part.prompts, tokens)
+            lp = tempered_logp(logits, sp)  # [B, c, T, V]
+            logp = token_logp(lp, tokens)
+            old = jnp.where(first_iter, jax.lax.stop_gradient(logp), old_c)
+            pg = wsum(objective.clipped_surrogate(logp, old, adv_c, eps, eps_high), w_c)
+            low, high, ratio = clip_regions(logp, old, adv_c, eps, eps_high)
+            clip = tuple(wsum(x, wm_c) for x in (low, high, jnp.maximum(low, high), ratio))
+            ref_dist = reference_dist(ref_state, context, part, tokens, ref_lp_c, 0)
+            kl = wsum(kl_terms(lp, logp, ref_tok_c, ref_dist), w_c)
+            return (pg, kl, wsum(entropy(lp), w_c), clip), logp
+
+        fn = jax.checkpoint(chunk) if 0 < loss_chunk < k else chunk
+        args = (part.tokens, old_logp, part.advantages, w, wm, ref_tok, part.ref_logp)
+        sums, logp = chunked(fn, loss_chunk, *args)
+        (pg, kl, ent, clip) = jax.tree.map(jnp.sum, sums)
+        m = dict(zip(("low_mean", "high_mean", "region_mean"), clip[:3], strict=True))
+        m = {f"clip_ratio/{name}": v for name, v in m.items()} | {"ratio_mean": clip[3]}
         return pg, kl, ent, jnp.mean(part.member_mask.max(1)), m, logp
 
     def continuation_terms(params, ref_state, state, part: Part, old_logp, first_iter, t):
@@ -168,11 +195,10 @@ def make_loss(spec: ObjectiveSpec, group: GroupSpec, policy: Policy, reference: 
             tok = tokens[..., 1:]
             logp = token_logp(lp, tok)
             old = jnp.where(first_iter, jax.lax.stop_gradient(logp), old_c)
-            wsum = lambda x: jnp.sum(jnp.where(w_c != 0, x, 0.0) * w_c, axis=-1)
-            pg = wsum(objective.clipped_surrogate(logp, old, adv_c, eps, eps_high))
+            pg = wsum(objective.clipped_surrogate(logp, old, adv_c, eps, eps_high), w_c)
             ref_dist = reference_dist(ref_state, context, part, tokens, ref_lp_c, 1)
-            kl = wsum(kl_terms(lp, logp, ref_tok_c, ref_dist))
-            return pg, kl, wsum(entropy(lp)), logp
+            kl = wsum(kl_terms(lp, logp, ref_tok_c, ref_dist), w_c)
+            return pg, kl, wsum(entropy(lp), w_c), logp
 
         fn = jax.checkpoint(chunk) if 0 < loss_chunk < k else chunk
         pg, kl, ent, logp = chunked(

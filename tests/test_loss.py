@@ -158,15 +158,24 @@ def test_train_step_invariant_to_vocab_chunk(setup, mode):
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
 
 
-def test_member_chunked_loss_equals_unchunked(setup):
-    """The forced part's training forward in member chunks (rematerialised) gives the same
-    loss, metrics, log-probs and gradient as all members at once, at iteration 0 and with a
-    carried π_old."""
+@pytest.mark.parametrize(
+    "mode, kl", [("exhaustive", "exact"), ("sampled", "exact"), ("sampled", "k3")]
+)
+def test_member_chunked_loss_equals_unchunked(setup, mode, kl):
+    """A part's training forward in member chunks (rematerialised) gives the same loss,
+    metrics (TRL's clip ratios included), log-probs and gradient as all members at once, at
+    iteration 0 and with a carried π_old: a forced part's continuations, and a sampled part
+    with the exact KL (the trigram reference run inside each chunk) or k3 (the rollout's
+    log π_ref(o_t) split with the members)."""
     cfg, corpus, model, params = setup
+    if mode == "sampled":
+        path, cfg = cfg.data.path, get_config("sampled,tiny")
+        cfg.data.path, cfg.group.size = path, 12  # 7 does not divide 12 either
     cfg = cfg.copy_and_resolve_references()
+    cfg.grpo.kl_estimator = kl
     cfg.grpo.exhaustive_estimator = "uniform"  # the decision point reads π_old too
     parts, ref = _parts(cfg, corpus, model, params)
-    flags = (True,)
+    flags = (mode == "exhaustive",)
     outs = []
     # 7 does not divide V = 65: the last chunk is padded. The loss's own chunk overrides the
     # rollout's (vocab_chunk = 0 would otherwise run the loss unchunked).
@@ -175,6 +184,9 @@ def test_member_chunked_loss_equals_unchunked(setup):
         c.group.loss_chunk = chunk
         loss_fn = make_loss(c, model, ref)
         old = tuple(p.logp_old + 0.05 for p in parts)
+        if mode == "sampled":  # ratios e^(±0.3) - 0.05: both sides of the clip window
+            sign = jnp.sign(jnp.sin(jnp.arange(parts[0].logp_old.size) + 0.5))
+            old = (parts[0].logp_old + 0.3 * sign.reshape(parts[0].logp_old.shape),)
         fn = jax.jit(jax.value_and_grad(loss_fn, has_aux=True), static_argnums=(4,))
         for first in (True, False):
             outs.append(fn(params, parts, old, jnp.asarray(first), flags))
@@ -187,6 +199,17 @@ def test_member_chunked_loss_equals_unchunked(setup):
         np.testing.assert_allclose(lp0[0], lp1[0], rtol=1e-5, atol=1e-6)
         for a, b in zip(jax.tree.leaves(g0), jax.tree.leaves(g1), strict=True):
             np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-7)
+    if mode == "sampled":  # TRL's clip metrics from their definition, in numpy
+        (_, (m, lp)), _ = outs[3]  # chunked, carried π_old
+        eps, mask = cfg.grpo.epsilon, np.asarray(parts[0].token_mask)
+        ratio = np.exp(np.asarray(lp[0]) - np.asarray(old[0]))
+        adv = np.asarray(parts[0].advantages)
+        low, high = (ratio < 1 - eps) & (adv < 0), (ratio > 1 + eps) & (adv > 0)
+        mean = lambda x: np.sum(x * mask) / np.sum(mask)
+        for name, x in (("low", low), ("high", high), ("region", low | high)):
+            assert mean(x) > 0, name  # the window is crossed on both sides
+            np.testing.assert_allclose(m[f"clip_ratio/{name}_mean"], mean(x), rtol=1e-6)
+        np.testing.assert_allclose(m["ratio_mean"], mean(ratio), rtol=1e-5)
 
 
 def test_masked_rows_do_not_dilute_the_loss(setup):
