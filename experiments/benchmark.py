@@ -21,6 +21,7 @@ carry ``rollout_s`` and ``update_s``, whose update includes the optimizer and al
 
 import json
 import statistics
+import time
 
 import device_lock
 import jax
@@ -41,6 +42,12 @@ flags.DEFINE_bool("mesh", True, "Step on config.mesh as the trainer does (--nome
 flags.DEFINE_bool("roofline", True, "Count the step's FLOPs and time matmuls at its shapes.")
 flags.DEFINE_bool(
     "flops_only", False, "Only count the step's matmul FLOPs by tracing (no compile, no run)."
+)
+flags.DEFINE_bool(
+    "compile_only",
+    False,
+    "Only compile the step and print XLA's buffer plan (executable_bytes: arguments + outputs "
+    "+ temporaries - aliased): whether a configuration fits, without running it.",
 )
 
 
@@ -135,6 +142,14 @@ def main(argv):
     config = FLAGS.config
     cpu_buffers = configure_host(config)
     task, step, jstep, state, inputs, mesh, n_params = build(config)
+    if FLAGS.compile_only:
+        if not hasattr(jstep, "lower"):
+            raise app.UsageError("--compile_only: a Python reward splits the step in two programs")
+        t0 = time.perf_counter()
+        compiled = jstep.lower(state, inputs).compile()
+        counts = {"params": n_params, "compile_s": time.perf_counter() - t0}
+        print(json.dumps({**counts, **memory(compiled)}))
+        return
     if FLAGS.flops_only:
         counts = {"params": n_params, "tokens_per_step": task.tokens_per_step}
         print(json.dumps({**counts, **flop_counts(step, state, inputs)}))
