@@ -21,7 +21,6 @@ carry ``rollout_s`` and ``update_s``, whose update includes the optimizer and al
 
 import json
 import statistics
-import time
 
 import device_lock
 import jax
@@ -145,10 +144,8 @@ def main(argv):
     if FLAGS.compile_only:
         if not hasattr(jstep, "lower"):
             raise app.UsageError("--compile_only: a Python reward splits the step in two programs")
-        t0 = time.perf_counter()
-        compiled = jstep.lower(state, inputs).compile()
-        counts = {"params": n_params, "compile_s": time.perf_counter() - t0}
-        print(json.dumps({**counts, **memory(compiled)}))
+        compiled, _, _, compile_s, _ = time_train_step(jstep, state, inputs, 0, 0)  # no run
+        print(json.dumps({"params": n_params, "compile_s": compile_s, **memory(compiled)}))
         return
     if FLAGS.flops_only:
         counts = {"params": n_params, "tokens_per_step": task.tokens_per_step}

@@ -139,10 +139,12 @@ def config_args(variant: str, overrides: dict) -> list:
     return args + [f"--config.{k}={v}" for k, v in overrides.items()]
 
 
-def bench_job(part: str, cfg: dict, dtype: str) -> dict:
+def bench_job(part: str, cfg: dict, dtype: str, key: str = "") -> dict:
+    """benchmark.py on ``cfg``'s workload in ``dtype``, keyed by ``key`` (default: the dtype)."""
     overrides = {**cfg["overrides"], "model.dtype": dtype}
     cmd = [sys.executable, str(HERE / "benchmark.py"), *config_args(cfg["variant"], overrides)]
-    return {"part": part, "key": dtype, "cmd": [*cmd, *cfg["args"]], "timeout": cfg["timeout"]}
+    job = {"part": part, "key": key or dtype, "cmd": [*cmd, *cfg["args"]]}
+    return {**job, "timeout": cfg["timeout"]}
 
 
 def jobs_of(p: dict, parts, trl_python: str) -> list:
@@ -233,6 +235,6 @@ def large_jobs(cfg: dict) -> list:
     jobs = []
     for batch in cfg["batches"]:
         overrides = {**cfg["overrides"], "train.batch_size": batch}
-        job = bench_job("large", {**cfg, "overrides": overrides}, overrides["model.dtype"])
-        jobs.append({**job, "key": str(batch)})
+        cfg_b = {**cfg, "overrides": overrides}
+        jobs.append(bench_job("large", cfg_b, overrides["model.dtype"], key=str(batch)))
     return jobs

@@ -25,8 +25,8 @@ LARGE = {
     "data.horizon": 128,
     "group.size": 16,
     # 16 prompts x 16 members (256 rows per decode step): XLA's CPU buffer plan for this step
-    # is 52 GiB (103 GiB at 32 prompts; the sampled loss is not chunked); one H200 peaked at
-    # 23.0 GiB
+    # is 52 GiB (103 GiB at 32 prompts); one H200 peaked at 23.0 GiB. The loss runs unchunked,
+    # as on that H200 (group.loss_chunk=4 would cut the plan's temporaries 51 -> 18 GiB)
     "train.batch_size": 16,
 }
 # the large part's prompts per step, each its own measurement: at 16 (256 sequences per

@@ -94,7 +94,7 @@ def assemble(jobs: list) -> tuple[dict, dict]:
         }
     if "large" in by_part:  # keyed by prompts per step
         results["large"] = {
-            b: bench_figures(r, r.get("overrides", {}).get("model.dtype", "float32"), info)
+            b: bench_figures(r, r.get("overrides", {}).get("model.dtype"), info)  # None: error
             for b, r in by_part["large"].items()
         }
     if "profile" in by_part:

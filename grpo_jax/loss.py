@@ -51,15 +51,25 @@ def _masked_mean(x, w):
     return objective.aggregate(x, w, "token-mean")
 
 
-def clip_regions(logp, old, adv, eps, eps_high):
-    """TRL's clip metrics per token: ``low`` where the ratio fell below 1 - ε with a negative
-    advantage, ``high`` above 1 + ε_high with a positive one (the clipped side is active and
-    the token's gradient is cut); their union is ``region``."""
+# TRL's clip metrics, in clip_terms' order; each a token-mean over the scored tokens
+CLIP_METRICS = (
+    "clip_ratio/low_mean",
+    "clip_ratio/high_mean",
+    "clip_ratio/region_mean",
+    "ratio_mean",
+)
+
+
+def clip_terms(logp, old, adv, eps, eps_high):
+    """TRL's clip metrics per token, in CLIP_METRICS' order: ``low`` where the ratio fell below
+    1 - ε with a negative advantage, ``high`` above 1 + ε_high with a positive one (the
+    clipped side is active and the token's gradient is cut), their union ``region``, and the
+    ratio itself."""
     ratio = jnp.exp(logp - old)
     hi = eps if eps_high is None else eps_high
     low = ((ratio < 1.0 - eps) & (adv < 0)).astype(jnp.float32)
     high = ((ratio > 1.0 + hi) & (adv > 0)).astype(jnp.float32)
-    return low, high, ratio
+    return low, high, jnp.maximum(low, high), ratio
 
 
 def make_loss(spec: ObjectiveSpec, group: GroupSpec, policy: Policy, reference: Reference | None):
@@ -87,14 +97,8 @@ def make_loss(spec: ObjectiveSpec, group: GroupSpec, policy: Policy, reference: 
     def surrogate_terms(logp, old, adv, mask):
         """Aggregated clipped surrogate plus TRL's clip metrics and the mean ratio."""
         pg = objective.clipped_surrogate(logp, old, adv, eps, eps_high)
-        low, high, ratio = clip_regions(logp, old, adv, eps, eps_high)
-        m = {
-            "clip_ratio/low_mean": _masked_mean(low, mask),
-            "clip_ratio/high_mean": _masked_mean(high, mask),
-            "clip_ratio/region_mean": _masked_mean(jnp.maximum(low, high), mask),
-            "ratio_mean": _masked_mean(ratio, mask),
-        }
-        return agg(pg, mask), m
+        clip = zip(CLIP_METRICS, clip_terms(logp, old, adv, eps, eps_high), strict=True)
+        return agg(pg, mask), {n: _masked_mean(x, mask) for n, x in clip}
 
     def kl_terms(lp, logp, ref_tok, ref_dist):
         """Per-token KL: exact over V against ``ref_dist()`` (the reference's log-probs at
@@ -156,8 +160,7 @@ def make_loss(spec: ObjectiveSpec, group: GroupSpec, policy: Policy, reference: 
             logp = token_logp(lp, tokens)
             old = jnp.where(first_iter, jax.lax.stop_gradient(logp), old_c)
             pg = wsum(objective.clipped_surrogate(logp, old, adv_c, eps, eps_high), w_c)
-            low, high, ratio = clip_regions(logp, old, adv_c, eps, eps_high)
-            clip = tuple(wsum(x, wm_c) for x in (low, high, jnp.maximum(low, high), ratio))
+            clip = tuple(wsum(x, wm_c) for x in clip_terms(logp, old, adv_c, eps, eps_high))
             ref_dist = reference_dist(ref_state, context, part, tokens, ref_lp_c, 0)
             kl = wsum(kl_terms(lp, logp, ref_tok_c, ref_dist), w_c)
             return (pg, kl, wsum(entropy(lp), w_c), clip), logp
@@ -165,9 +168,8 @@ def make_loss(spec: ObjectiveSpec, group: GroupSpec, policy: Policy, reference: 
         fn = jax.checkpoint(chunk) if 0 < loss_chunk < k else chunk
         args = (part.tokens, old_logp, part.advantages, w, wm, ref_tok, part.ref_logp)
         sums, logp = chunked(fn, loss_chunk, *args)
-        (pg, kl, ent, clip) = jax.tree.map(jnp.sum, sums)
-        m = dict(zip(("low_mean", "high_mean", "region_mean"), clip[:3], strict=True))
-        m = {f"clip_ratio/{name}": v for name, v in m.items()} | {"ratio_mean": clip[3]}
+        pg, kl, ent, clip = jax.tree.map(jnp.sum, sums)
+        m = dict(zip(CLIP_METRICS, clip, strict=True))
         return pg, kl, ent, jnp.mean(part.member_mask.max(1)), m, logp
 
     def continuation_terms(params, ref_state, state, part: Part, old_logp, first_iter, t):
@@ -229,13 +231,9 @@ def make_loss(spec: ObjectiveSpec, group: GroupSpec, policy: Policy, reference: 
                 pg_rows = objective.all_action_loss(
                     lp_act, part.action_returns, scale=aa_scale, mask=part.action_mask > 0
                 )
-            zero = jnp.zeros(())
-            return _masked_mean(pg_rows, prompt_w), {
-                "clip_ratio/low_mean": zero,
-                "clip_ratio/high_mean": zero,
-                "clip_ratio/region_mean": zero,
-                "ratio_mean": jnp.ones(()),
-            }
+            no_clip = (0.0, 0.0, 0.0, 1.0)  # no ratio at the decision point: nothing clipped
+            m = {n: jnp.asarray(x) for n, x in zip(CLIP_METRICS, no_clip, strict=True)}
+            return _masked_mean(pg_rows, prompt_w), m
         old_act = jnp.where(first_iter, jax.lax.stop_gradient(logp0), old_logp[..., :1])
         old_act = old_act[:, ::n_cont, 0]
         adv_act = part.advantages[:, ::n_cont, 0]
