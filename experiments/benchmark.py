@@ -25,7 +25,15 @@ import statistics
 import device_lock
 import jax
 from absl import app, flags
-from measure import configure_host, matmul_peak, memory, step_flops, time_train_step, timed
+from measure import (
+    configure_host,
+    matmul_floor,
+    matmul_peak,
+    memory,
+    step_flops,
+    time_train_step,
+    timed,
+)
 from ml_collections import config_flags
 
 from grpo_jax import sharding, trainer
@@ -39,6 +47,13 @@ flags.DEFINE_integer("breakdown_runs", 3, "Runs per breakdown part (median).", l
 flags.DEFINE_string("out", "", "Also append the JSON line to this file.")
 flags.DEFINE_bool("mesh", True, "Step on config.mesh as the trainer does (--nomesh: plain jit).")
 flags.DEFINE_bool("roofline", True, "Count the step's FLOPs and time matmuls at its shapes.")
+flags.DEFINE_bool(
+    "matmul_floor",
+    False,
+    "Roofline: also time every distinct matmul of the step alone at its own shape "
+    "(measure.matmul_floor; tens of seconds on a CPU): the step's time if everything else "
+    "were free.",
+)
 flags.DEFINE_bool(
     "flops_only", False, "Only count the step's matmul FLOPs by tracing (no compile, no run)."
 )
@@ -86,10 +101,11 @@ def flop_counts(step, state, inputs, compiled=None):
 
 def roofline(config, task, step, state, inputs, compiled, step_s):
     """flop_counts, the GFLOP/s the step achieves and, on a CPU, this machine's matmul peak at
-    the model's own shapes (measure.matmul_peak): the roofline. Not on a GPU: on one H200
-    the same timing loop in bfloat16 at 8192^3 was still compiling when the suite's probe hit
-    its 300 s limit (XLA's "very slow compile" of a GEMM fusion); GPU runs use gpu_suite's
-    peak children and the nominal peaks."""
+    the model's own shapes (measure.matmul_peak): the roofline; with --matmul_floor, also
+    what the step's own matmuls take alone (measure.matmul_floor). Not on a GPU: there
+    gpu_suite's peak children (large shapes, each its own time limit) and the nominal peaks
+    apply; on one H200 an earlier peak loop in bfloat16 at 8192^3 was still compiling when
+    the suite's probe hit its 300 s limit."""
     counts = flop_counts(step, state, inputs, compiled)
     achieved = counts["matmul_flops"] / step_s / 1e9
     out = {**counts, "achieved_gflops": achieved}
@@ -102,12 +118,12 @@ def roofline(config, task, step, state, inputs, compiled, step_s):
         (r, k, n) for r in rows for k, n in ((d, 3 * d), (d, d), (d, hidden), (hidden, d), (d, v))
     ]
     per_shape, peak = matmul_peak(shapes, config.model.get("dtype", "float32"))
-    return {
-        **out,
-        "matmul_peak_gflops": peak,
-        "matmul_gflops_by_shape": per_shape,
-        "fraction_of_peak": achieved / peak,
-    }
+    out.update(matmul_peak_gflops=peak, matmul_gflops_by_shape=per_shape)
+    out["fraction_of_peak"] = achieved / peak
+    if FLAGS.matmul_floor:
+        out.update(matmul_floor(step.fused, state, inputs))
+        out["floor_gflops"] = counts["matmul_flops"] / out["matmul_floor_s"] / 1e9
+    return out
 
 
 def build(config):
@@ -222,6 +238,15 @@ def main(argv):
             f"roofline: {roof['matmul_flops'] / 1e9:.2f} GFLOP matmul per step -> "
             f"{roof['achieved_gflops']:.1f} GFLOP/s{at_peak}"
         )
+        if "matmul_floor_s" in roof:
+            print(
+                f"matmul floor: the step's {roof['distinct_matmuls']} distinct matmuls alone "
+                f"take {roof['matmul_floor_s']:.4f} s per step ({roof['floor_gflops']:.1f} "
+                f"GFLOP/s, {100 * roof['floor_gflops'] / peak:.0f}% of the peak): "
+                f"{100 * roof['matmul_floor_s'] / med:.0f}% of the step's time; dense "
+                f"{roof['matmul_floor_s_by_kind']['dense']:.4f} s, batched (attention) "
+                f"{roof['matmul_floor_s_by_kind']['batched']:.4f} s"
+            )
     line = json.dumps(res)
     if FLAGS.out:
         with open(FLAGS.out, "a") as f:

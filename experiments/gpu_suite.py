@@ -23,9 +23,10 @@ runs them one at a time, as the H200's record was measured.
   float32 matmuls on TF32 tensor cores on NVIDIA GPUs since Ampere; the nominal float32 peak
   is then TF32's). It builds no step: each benchmark.py child counts its own step's matmul
   FLOPs and its two halves' (``step.rollout``, ``step.update``) by tracing them.
-- ``peak``: the measured matmul peak at large shapes (``measure.matmul_peak``), one process
-  per dtype with its own time limit: on one H200 (2026-11-26) the bfloat16 loop's compile
-  outlasted the probe's 300 s when the probe measured both, and the record lost its device.
+- ``peak``: the measured matmul peak at large shapes (``measure.matmul_peak``: plain matmuls,
+  nothing else in the program), one process per dtype with its own time limit: on one H200
+  (2026-11-26) an earlier peak loop's bfloat16 compile outlasted the probe's 300 s when the
+  probe measured both, and the record lost its device.
 - ``step``: the TRL-comparable GRPO step (4 x 4 x 128 char GPT, 8 prompts x G = 8, context
   100, horizon 70, mu = 1, beta = 0.04, frozen-policy reference with k3, reward ``match``),
   ``experiments/benchmark.py`` in float32 and bfloat16 compute (params float32): s/step,

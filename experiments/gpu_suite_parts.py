@@ -67,8 +67,8 @@ def probe() -> dict:
 def peak(spec: dict) -> dict:
     """The measured matmul peak of one dtype at large shapes (gpu_suite.py --child=peak). Its
     own process, so a slow compile costs its time limit and nothing else: on one H200 the
-    probe that measured both dtypes in one process timed out at 300 s, compiling the
-    bfloat16 loop's fused matmul, and took the device's record with it."""
+    probe that measured both dtypes in one process timed out at 300 s, compiling an earlier
+    peak loop's fused bfloat16 matmul, and took the device's record with it."""
     import device_lock
     import jax
     from measure import matmul_peak

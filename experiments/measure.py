@@ -149,26 +149,67 @@ def step_flops(fn, *args, compiled=None):
     return out
 
 
-def matmul_peak(shapes, dtype="float32", repeats=50, runs=5):
-    """This device's achieved matmul GFLOP/s at each (M, K, N) in ``shapes``: ``repeats``
-    matmuls in one jitted scan (each input shifted by the step index, so XLA cannot hoist them),
-    best of ``runs``. Returns ({"MxKxN": GFLOP/s}, the best of them)."""
+def dot_program(lhs, rhs, params: dict, repeats: int = 8):
+    """(jitted program, its arguments): ``repeats`` copies of one dot_general (operand avals
+    ``lhs``, ``rhs``; the equation's own ``params``) and nothing else.
+
+    The left operand is passed ``repeats`` times as separate arguments, so XLA can neither
+    merge the matmuls (its parameters are opaque) nor hoist them, and no elementwise work
+    (an input shift, an accumulator) shares their time: an earlier peak loop shifted its
+    input and accumulated inside a scan, which cost XLA:CPU a quarter of the rate at
+    [4480, 512] @ [512, 128] (240 vs 304 GFLOP/s) and so overstated every fraction of the
+    peak. One call runs all of them, so the call's dispatch is spread over ``repeats``
+    matmuls; the operands stay in cache: the best the matmul unit does at this shape."""
+    x = jnp.full(lhs.shape, 0.01, lhs.dtype)
+    w = jnp.full(rhs.shape, 0.01, rhs.dtype)
+    one = lambda x, w: jax.lax.dot_general_p.bind(x, w, **params)
+    return jax.jit(lambda xs, w: [one(x, w) for x in xs]), ([x] * repeats, w)
+
+
+def matmul_program(m: int, k: int, n: int, dtype="float32", repeats: int = 8):
+    """dot_program of ``repeats`` [m, k] @ [k, n] matmuls (the dot jnp.matmul traces)."""
+    x, w = jax.ShapeDtypeStruct((m, k), dtype), jax.ShapeDtypeStruct((k, n), dtype)
+    (eqn,) = jax.make_jaxpr(jnp.matmul)(x, w).jaxpr.eqns
+    return dot_program(x, w, eqn.params, repeats)
+
+
+def _best_call_s(program, args, runs: int) -> float:
+    with device_lock.shared():
+        timed(program, *args)  # compiles
+    with device_lock.timed():
+        return min(timed(program, *args, runs=runs)[1])
+
+
+def matmul_peak(shapes, dtype="float32", repeats=8, runs=20):
+    """This device's achieved matmul GFLOP/s at each (M, K, N) in ``shapes``: one call of
+    ``matmul_program`` (``repeats`` matmuls) timed ``runs`` times, the best call. Returns
+    ({"MxKxN": GFLOP/s}, the best of them)."""
     rates = {}
     for m, k, n in shapes:
-        x = jnp.ones((m, k), dtype)
-        w = jnp.full((k, n), 0.01, dtype)
-
-        def body(acc, i, x=x, w=w):
-            # the barrier keeps the shift a kernel of its own, out of the matmul: without it an
-            # H200 spent over 2 minutes compiling a GEMM fusion of this loop (the fix is
-            # unverified on a GPU; gpu_suite's per-dtype time limit is the guarantee)
-            return acc + jax.lax.optimization_barrier(x + i.astype(x.dtype)) @ w, None
-
-        loop = jax.jit(lambda acc, x=x: jax.lax.scan(body, acc, jnp.arange(repeats))[0])
-        acc = jnp.zeros((m, n), dtype)
-        with device_lock.shared():
-            timed(loop, acc)  # compiles
-        with device_lock.timed():
-            _, times = timed(loop, acc, runs=runs)
-        rates[f"{m}x{k}x{n}"] = 2 * m * k * n * repeats / min(times) / 1e9
+        best = _best_call_s(*matmul_program(m, k, n, dtype, repeats), runs)
+        rates[f"{m}x{k}x{n}"] = 2 * m * k * n * repeats / best / 1e9
     return rates, max(rates.values())
+
+
+def matmul_floor(fn, *args, repeats=8, runs=10) -> dict:
+    """What the matmuls of one call of ``fn(*args)`` cost at their own shapes: every distinct
+    dot_general it executes (executed_dots: shapes, dtypes, dimension numbers) timed alone as
+    dot_program's best call, times how often the call runs it. ``matmul_floor_s`` bounds the
+    step from below as long as its matmuls run no faster than alone and everything else were
+    free: it shows how much of the gap to the peak the shapes themselves (decode's few rows,
+    attention's small batched products) account for."""
+    distinct = {}
+    for eqn, times in executed_dots(jax.make_jaxpr(fn)(*args).jaxpr):
+        lhs, rhs = (v.aval for v in eqn.invars)
+        key = (lhs.shape, str(lhs.dtype), rhs.shape, str(rhs.dtype), repr(eqn.params))
+        distinct.setdefault(key, [0, lhs, rhs, eqn.params])[0] += times
+    by_kind = {"dense": 0.0, "batched": 0.0}  # as profile_step splits them
+    for count, lhs, rhs, params in distinct.values():
+        kind = "batched" if params["dimension_numbers"][1][0] else "dense"
+        by_kind[kind] += count * _best_call_s(*dot_program(lhs, rhs, params, repeats), runs)
+    by_kind = {kind: s / repeats for kind, s in by_kind.items()}
+    return {
+        "matmul_floor_s": sum(by_kind.values()),
+        "matmul_floor_s_by_kind": by_kind,
+        "distinct_matmuls": len(distinct),
+    }

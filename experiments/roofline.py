@@ -8,7 +8,11 @@ traced program, XLA's cost analysis, the machine's matmul peak at the model's sh
 
   git worktree add /tmp/before c2b650e          # the tree before the host-memory change
   GRPO_JAX_DATA=/work/shared/data/tinyshakespeare.txt python experiments/roofline.py \\
-      --before=/tmp/before --release_side --rounds=3
+      --before=/tmp/before --release_side --rounds=3 --matmul_floor
+
+``--matmul_floor`` adds one run per workload on this checkout that also times every distinct
+matmul of the step alone at its own shape (benchmark.py --matmul_floor): how much of the step's
+time its matmuls need at the rates those shapes allow, apart from everything else.
 
 ``--release_side`` adds a third side, this checkout with ``--config.cpu_buffers=release``
 (jax's and glibc's memory defaults, as every earlier checkout ran): the code's own changes
@@ -41,6 +45,14 @@ flags.DEFINE_bool(
     False,
     "Also run this checkout with --config.cpu_buffers=release (side 'after, release'): "
     "the code's changes apart from the host memory setting (grpo_jax/host.py).",
+)
+
+flags.DEFINE_bool(
+    "matmul_floor",
+    False,
+    "Also, once per workload on this checkout, time every distinct matmul of the step alone "
+    "at its own shape (benchmark.py --matmul_floor): the step's time if everything but its "
+    "matmuls were free.",
 )
 
 HERE = Path(__file__).resolve().parent
@@ -84,6 +96,18 @@ def summary(rows: list[dict]) -> dict:
     }
 
 
+def matmul_floor(args: str, side: tuple[str, str], step_s: float) -> dict:
+    """One more benchmark.py run with --matmul_floor: its floor and peak, and the floor's share
+    of ``step_s`` (the side's median step time over the rounds)."""
+    roof = bench(f"{args} --matmul_floor", side)["roofline"]
+    out = {k: roof[k] for k in ("distinct_matmuls", "matmul_floor_s", "floor_gflops")}
+    return {
+        **out,
+        "peak_gflops": roof["matmul_peak_gflops"],
+        "share_of_step": out["matmul_floor_s"] / step_s,
+    }
+
+
 def markdown(res: dict) -> str:
     lines = [
         f"# CPU roofline of the GRPO step ({res['name']})",
@@ -105,6 +129,23 @@ def markdown(res: dict) -> str:
                 f"| {w} | {side} | {s['step_s']:.4f} | {s['tokens_per_s']:,.0f} | "
                 f"{s['matmul_gflop']:.2f} | {s['xla_gflop']:.2f} | {s['achieved_gflops']:.1f} | "
                 f"{s['peak_gflops']:.1f} | {100 * s['fraction_of_peak']:.0f} % |"
+            )
+    if res.get("matmul_floor"):
+        lines += [
+            "",
+            "Matmul floor (this checkout, one more run per workload, `benchmark.py "
+            "--matmul_floor`): every distinct matmul of the step timed alone at its own shape, "
+            "times how often the step runs it; the step's time if all else were free.",
+            "",
+            "| workload | distinct matmuls | floor s/step | floor GFLOP/s | of peak | of the "
+            "step's time (after) |",
+            "| --- | --- | --- | --- | --- | --- |",
+        ]
+        for w, f in res["matmul_floor"].items():
+            lines.append(
+                f"| {w} | {f['distinct_matmuls']} | {f['matmul_floor_s']:.4f} | "
+                f"{f['floor_gflops']:.1f} | {100 * f['floor_gflops'] / f['peak_gflops']:.0f} % | "
+                f"{100 * f['share_of_step']:.0f} % |"
             )
     lines += ["", "Exhaustive ÷ sampled generated tokens/s (the plain config's two modes):", ""]
     for side, ratio in res["exhaustive_over_sampled"].items():
@@ -131,6 +172,10 @@ def main(argv):
                 raw[w][side].append(bench(args, where))
                 print(w, side, f"{raw[w][side][-1]['median_step_s']:.4f} s/step", flush=True)
     workloads = {w: {s: summary(rows) for s, rows in by.items()} for w, by in raw.items()}
+    floors = {}
+    if FLAGS.matmul_floor:
+        for w, args in WORKLOADS.items():
+            floors[w] = matmul_floor(args, sides["after"], workloads[w]["after"]["step_s"])
     ratio = {
         s: workloads["exhaustive"][s]["tokens_per_s"] / workloads["sampled"][s]["tokens_per_s"]
         for s in sides
@@ -145,13 +190,15 @@ def main(argv):
         "sides": {name: " ".join(filter(None, side)) for name, side in sides.items()},
         "workloads": workloads,
         "exhaustive_over_sampled": ratio,
+        "matmul_floor": floors,
         "raw": raw,
         "note": (
             "matmul GFLOP: every dot_general the step executes (scan bodies times their "
             "length, the backward pass included; measure.step_flops). XLA's cost analysis "
             "counts a loop body once, so it undercounts a step with a decode loop. The peak "
             "is the best of this machine's matmuls at the model's own shapes "
-            "(measure.matmul_peak), measured in the same process."
+            "(measure.matmul_peak: one call of 8 plain matmuls, nothing else in it, best of "
+            "20 calls), measured in the same process."
         ),
     }
     out = Path(FLAGS.out_dir)

@@ -1,14 +1,18 @@
 """experiments/measure.py's FLOP counter: loops counted by their trip count, and equal to XLA's
-own cost analysis where XLA can see every iteration (the loop unrolled)."""
+own cost analysis where XLA can see every iteration (the loop unrolled); the matmul peak's
+program: its matmuls and nothing else."""
 
 import sys
 from pathlib import Path
 
+import chex
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "experiments"))
-from measure import step_flops
+import measure
+from measure import matmul_floor, matmul_program, step_flops
 
 
 def _net(x, w, unroll):
@@ -49,3 +53,49 @@ def test_batched_and_dense_matmuls_are_counted_apart():
     assert matmul_flops_of(jaxpr, batched=False) == dense
     assert matmul_flops_of(jaxpr, batched=True) == batched
     assert matmul_flops_of(jaxpr) == dense + batched
+
+
+def test_the_peak_program_is_its_matmuls_and_nothing_else():
+    """XLA compiles every one of the repeats (none merged or hoisted: the rate would be
+    inflated) and no other arithmetic (a shifted input or an accumulator, which the earlier
+    scan spent a quarter of its time on, deflating the peak); each output is x @ w."""
+    m, k, n, repeats = 48, 32, 40, 5
+    program, args = matmul_program(m, k, n, "float32", repeats)
+    compiled = program.lower(*args).compile()
+    cost = compiled.cost_analysis()
+    cost = cost[0] if isinstance(cost, list) else cost
+    assert cost["flops"] == repeats * 2 * m * k * n
+    outs = program(*args)
+    assert len(outs) == repeats
+    for out in outs:
+        chex.assert_shape(out, (m, n))
+        np.testing.assert_allclose(np.asarray(out), np.full((m, n), 1e-4 * k), rtol=1e-5)
+
+
+def test_the_matmul_floor_times_each_distinct_matmul_once_and_counts_its_runs(monkeypatch):
+    """A scan's 10 [16, 32] @ [32, 32] matmuls are one distinct program run 10 times; the
+    final [16, 32] @ [32, 8] another, run once; a batched [2, 16, 32] @ [2, 32, 4] a third,
+    counted as batched. The timer is faked (seconds per call = the right operand's last
+    width in ms) so the sums are exact, with 8 matmuls per timed call."""
+    seen = []
+
+    def fake_best_call_s(program, args, runs):
+        xs, w = args
+        seen.append((len(xs), xs[0].shape, w.shape))
+        return w.shape[-1] * 1e-3
+
+    monkeypatch.setattr(measure, "_best_call_s", fake_best_call_s)
+
+    def f(x, w, v, xb, yb):
+        body = lambda c, _: (jnp.tanh(c @ w), None)
+        return jax.lax.scan(body, x, None, length=10)[0] @ v, jnp.einsum("bij,bjk->bik", xb, yb)
+
+    x, w, v = jnp.ones((16, 32)), jnp.full((32, 32), 0.01), jnp.ones((32, 8))
+    got = matmul_floor(f, x, w, v, jnp.ones((2, 16, 32)), jnp.ones((2, 32, 4)), repeats=8)
+    assert got["distinct_matmuls"] == 3
+    assert sorted(seen) == [(8, (2, 16, 32), (2, 32, 4)), (8, (16, 32), (32, 8)),
+                            (8, (16, 32), (32, 32))]  # fmt: skip
+    by_kind = got["matmul_floor_s_by_kind"]
+    np.testing.assert_allclose(by_kind["dense"], (10 * 32e-3 + 8e-3) / 8, rtol=1e-12)
+    np.testing.assert_allclose(by_kind["batched"], 4e-3 / 8, rtol=1e-12)
+    assert got["matmul_floor_s"] == by_kind["dense"] + by_kind["batched"]
