@@ -20,9 +20,9 @@ points (each once, the rest uniform at random), written to a temporary file that
 ``config.data.path`` names; the task's ids are then uniform random in [0, V).
 ``group.vocab_chunk`` bounds the rollout (members decoded that many at a time) and
 ``group.loss_chunk`` the loss's training forward over the continuations (members in chunks,
-rematerialised in the backward pass; see loss.py). The model is the plain config's (4 layers,
-4 heads, width 128 unless overridden), B=8, context 100, horizon 70. A run is ``V``,
-``V:chunk`` or ``V:chunk:loss_chunk`` (a bare V takes its chunks from ``--chunk_for_v``;
+each chunk's gradient taken after its forward; see loss.accumulated). The model is the plain
+config's (4 layers, 4 heads, width 128 unless overridden), B=8, context 100, horizon 70. A run
+is ``V``, ``V:chunk`` or ``V:chunk:loss_chunk`` (a bare V takes its chunks from ``--chunk_for_v``;
 unlisted: 0 = all V actions at once; loss_chunk 0 = the rollout's chunk).
 
 ``--compile_only`` runs are compiled but not executed: XLA's buffer plan for the step
@@ -301,7 +301,8 @@ def write_markdown(raw: dict) -> str:
         "(ru_maxrss, one process per run, includes JAX/XLA runtime and compilation); on GPU "
         "`memory_stats()['peak_bytes_in_use']`.",
         "- Chunks: `vocab_chunk` members are rolled out at a time, and `loss_chunk` members "
-        "run the loss's training forward at a time (rematerialised in the backward pass); "
+        "run the loss's training forward at a time (each chunk's gradient taken after its "
+        "forward: nothing recomputed); "
         "0 = all at once. Both leave the result unchanged (tests/test_loss.py).",
         "- *compiled only*: the step was compiled and its buffer plan read, but it was not "
         "run (no time measured): whether its buffers fit, not how fast it is.",

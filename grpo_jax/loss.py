@@ -27,8 +27,9 @@ unless a reward term already asked for them (groups.Part.ref_logp), which the lo
 
 Memory: a sampled part's tokens and a forced part's continuation tokens run their training
 forward ``group.loss_chunk`` members at a time (default: the rollout's ``group.vocab_chunk``),
-each chunk rematerialised in the backward pass, so the [B, K, T, V] logits and the
-activations of a whole group never exist at once (see sampled_loss, continuation_terms).
+each chunk's gradient taken right after its forward and summed (``accumulated``), so the
+[B, K, T, V] logits and the activations of a whole group never exist at once and nothing is
+recomputed (see sampled_loss, continuation_terms).
 
 π_old: the μ updates reuse one batch of rollouts. The log-probs of iteration 0's forward are
 π_old exactly (same params, same computation as every later iteration), so they are captured
@@ -41,7 +42,7 @@ import jax.numpy as jnp
 from grpo_jax import candidates, objective
 from grpo_jax.groups import Part
 from grpo_jax.policy import Policy, Reference, continue_logits
-from grpo_jax.rollout import chunked, tempered_logp, token_logp
+from grpo_jax.rollout import member_chunks, tempered_logp, token_logp
 from grpo_jax.specs import GroupSpec, ObjectiveSpec
 
 entropy = objective.entropy_from_logits
@@ -70,6 +71,62 @@ def clip_terms(logp, old, adv, eps, eps_high):
     low = ((ratio < 1.0 - eps) & (adv < 0)).astype(jnp.float32)
     high = ((ratio > 1.0 + hi) & (adv > 0)).astype(jnp.float32)
     return low, high, jnp.maximum(low, high), ratio
+
+
+def accumulated(fn, chunk: int, diff, *member_args):
+    """(Σ over members of j, aux) for ``fn(diff, *member_slices) -> (j [B, c], aux)`` run
+    ``chunk`` members at a time (member axis 1 of ``member_args``), with the gradient of Σ j
+    in ``diff`` and nothing recomputed.
+
+    Each chunk's gradient is taken in the forward pass, right after its own forward
+    (``jax.vjp``), and added to a float32 running sum; the backward pass only scales that sum
+    by the cotangent of Σ j, which is exact because Σ j is linear in the chunks' j (the
+    loss's coefficients live in ``fn``). So one chunk's activations exist at a time, as
+    with ``jax.checkpoint``, but the forward runs once per chunk, not twice. ``aux`` (the
+    metrics, the log-probs) carries no gradient. ``fn`` must read the differentiated values
+    through ``diff`` only. Unchunked (chunk 0 or >= K), ``fn`` runs once under plain
+    autodiff."""
+    k = member_args[0].shape[1]
+    if chunk <= 0 or chunk >= k:
+        j, aux = fn(diff, *member_args)
+        return jnp.sum(j), jax.lax.stop_gradient(aux)
+    leaves, tree = jax.tree.flatten(diff)
+    inexact = [jnp.issubdtype(x.dtype, jnp.inexact) for x in leaves]
+    fixed = [None if d else x for x, d in zip(leaves, inexact, strict=True)]
+    split, merge = member_chunks(k, chunk)
+    slices = tuple(split(a) for a in member_args)
+
+    def rebuild(live):  # the differentiated leaves back among the fixed (integer) ones
+        it = iter(live)
+        return tree.unflatten([next(it) if x is None else x for x in fixed])
+
+    def run(live, with_grad: bool):
+        def body(acc, xs):
+            f = lambda live: fn(rebuild(live), *xs)
+            if not with_grad:
+                j, aux = f(live)
+                return acc, (jnp.sum(j), aux)
+            j, vjp, aux = jax.vjp(f, live, has_aux=True)
+            (g,) = vjp(jnp.ones_like(j))
+            return [a + x.astype(a.dtype) for a, x in zip(acc, g, strict=True)], (jnp.sum(j), aux)
+
+        acc0 = [jnp.zeros(x.shape, jnp.promote_types(x.dtype, jnp.float32)) for x in live]
+        grads, (js, aux) = jax.lax.scan(body, acc0, slices)
+        return (jnp.sum(js), jax.tree.map(merge, aux)), grads
+
+    live = [x for x, d in zip(leaves, inexact, strict=True) if d]
+    dtypes = [x.dtype for x in live]
+
+    @jax.custom_vjp
+    def total(live):
+        return run(live, False)[0]
+
+    def bwd(grads, ct):
+        return ([(ct[0] * g).astype(dt) for g, dt in zip(grads, dtypes, strict=True)],)
+
+    total.defvjp(lambda live: run(live, True), bwd)
+    j, aux = total(live)
+    return j, jax.lax.stop_gradient(aux)
 
 
 def make_loss(spec: ObjectiveSpec, group: GroupSpec, policy: Policy, reference: Reference | None):
@@ -141,21 +198,30 @@ def make_loss(spec: ObjectiveSpec, group: GroupSpec, policy: Policy, reference: 
         """Σ_t x·w per member; masked positions (w = 0) may hold NaN / inf."""
         return jnp.sum(jnp.where(w != 0, x, 0.0) * w, axis=-1)
 
+    def objective_terms(pg, kl, ent, share=1.0):
+        """pg + β·share·KL − c_H·share·H: what the loss differentiates. A zero coefficient
+        leaves its term out, not multiplied by 0 (that would still run its backward pass)."""
+        out = pg
+        if beta:
+            out = out + (beta * share) * kl
+        if gr.entropy_coef:
+            out = out - (gr.entropy_coef * share) * ent
+        return out
+
     def sampled_loss(params, ref_state, part: Part, old_logp, first_iter):
         """Every generated token of a sampled part, ``group.loss_chunk`` members at a time
-        (all at once when it and group.vocab_chunk are 0), each chunk rematerialised in the
-        backward pass as in continuation_terms: the [B, K, T, V] logits never exist at once,
-        and the chunks' weighted sums add up to the unchunked aggregates and TRL's clip
-        metrics exactly."""
-        k = part.tokens.shape[1]
+        (all at once when it and group.vocab_chunk are 0), each chunk's gradient taken right
+        after its forward (accumulated): the [B, K, T, V] logits never exist at once, nothing
+        is recomputed, and the chunks' weighted sums add up to the unchunked aggregates and
+        TRL's clip metrics exactly."""
         first, state = policy.prefill(params, part.prompts)
         w, wm = agg_weights(part.token_mask), agg_weights(part.token_mask, "token-mean")
         ref_tok = part.ref_token_logp
         ref_tok = jnp.zeros(w.shape) if ref_tok is None else ref_tok
         context = reference_context(ref_state, part)
 
-        def chunk(tokens, old_c, adv_c, w_c, wm_c, ref_tok_c, ref_lp_c):
-            logits = continue_logits(policy, params, first, state, part.prompts, tokens)
+        def chunk(diff, tokens, old_c, adv_c, w_c, wm_c, ref_tok_c, ref_lp_c):
+            logits = continue_logits(policy, *diff, part.prompts, tokens)
             lp = tempered_logp(logits, sp)  # [B, c, T, V]
             logp = token_logp(lp, tokens)
             old = jnp.where(first_iter, jax.lax.stop_gradient(logp), old_c)
@@ -163,14 +229,14 @@ def make_loss(spec: ObjectiveSpec, group: GroupSpec, policy: Policy, reference: 
             clip = tuple(wsum(x, wm_c) for x in clip_terms(logp, old, adv_c, eps, eps_high))
             ref_dist = reference_dist(ref_state, context, part, tokens, ref_lp_c, 0)
             kl = wsum(kl_terms(lp, logp, ref_tok_c, ref_dist), w_c)
-            return (pg, kl, wsum(entropy(lp), w_c), clip), logp
+            ent = wsum(entropy(lp), w_c)
+            return objective_terms(pg, kl, ent), ((pg, kl, ent, clip), logp)
 
-        fn = jax.checkpoint(chunk) if 0 < loss_chunk < k else chunk
         args = (part.tokens, old_logp, part.advantages, w, wm, ref_tok, part.ref_logp)
-        sums, logp = chunked(fn, loss_chunk, *args)
+        j, (sums, logp) = accumulated(chunk, loss_chunk, (params, first, state), *args)
         pg, kl, ent, clip = jax.tree.map(jnp.sum, sums)
         m = dict(zip(CLIP_METRICS, clip, strict=True))
-        return pg, kl, ent, jnp.mean(part.member_mask.max(1)), m, logp
+        return j, (pg, kl, ent), jnp.mean(part.member_mask.max(1)), m, logp
 
     def continuation_terms(params, ref_state, state, part: Part, old_logp, first_iter, t):
         """Tokens 1..t-1 of a forced part (t: the value horizon), ``group.loss_chunk``
@@ -178,13 +244,14 @@ def make_loss(spec: ObjectiveSpec, group: GroupSpec, policy: Policy, reference: 
 
         Each chunk runs the training forward of its members against the shared prompt state
         and returns its members' weighted sums of the clipped surrogate, KL and entropy
-        (weights from agg_weights, so the chunks add up to the unchunked aggregate exactly).
-        Chunks are rematerialised (jax.checkpoint): the backward pass recomputes one chunk's
-        activations at a time, so the [B, K, T, V] logits never exist at once and peak
-        memory is bounded by the chunk, as in the rollout. The exact KL estimators run the
-        reference inside the chunk too, so its [B, K, T, V] log-probs never exist either.
-        Returns (pg, kl, ent) scalars and logp [B, K, t-1]."""
-        k = part.tokens.shape[1]
+        (weights from agg_weights, so the chunks add up to the unchunked aggregate exactly),
+        its gradient taken right after its forward (accumulated): one chunk's activations
+        exist at a time, so the [B, K, T, V] logits never exist at once and peak memory is
+        bounded by the chunk, as in the rollout, and nothing is recomputed. The exact KL
+        estimators run the reference inside the chunk too, so its [B, K, T, V] log-probs
+        never exist either. Returns the differentiated objective (the part's loss takes
+        (t-1)/t of the continuations' KL and entropy), (pg, kl, ent) sums and logp
+        [B, K, t-1]."""
         # weights of the full-width aggregate, cut at t: the same loss as unsliced arrays
         w = agg_weights(part.token_mask[..., 1:])[..., : t - 1]
         ref_tok = part.ref_token_logp
@@ -192,20 +259,21 @@ def make_loss(spec: ObjectiveSpec, group: GroupSpec, policy: Policy, reference: 
         ref_lp = part.ref_logp[..., 1:t, :]  # [B, K, t-1, V] when carried, else [..., 0]
         context = reference_context(ref_state, part)
 
-        def chunk(tokens, old_c, adv_c, w_c, ref_tok_c, ref_lp_c):
-            lp = tempered_logp(policy.extend(params, state, part.prompts, tokens), sp)
+        def chunk(diff, tokens, old_c, adv_c, w_c, ref_tok_c, ref_lp_c):
+            lp = tempered_logp(policy.extend(*diff, part.prompts, tokens), sp)
             tok = tokens[..., 1:]
             logp = token_logp(lp, tok)
             old = jnp.where(first_iter, jax.lax.stop_gradient(logp), old_c)
             pg = wsum(objective.clipped_surrogate(logp, old, adv_c, eps, eps_high), w_c)
             ref_dist = reference_dist(ref_state, context, part, tokens, ref_lp_c, 1)
             kl = wsum(kl_terms(lp, logp, ref_tok_c, ref_dist), w_c)
-            return pg, kl, wsum(entropy(lp), w_c), logp
+            ent = wsum(entropy(lp), w_c)
+            return objective_terms(pg, kl, ent, (t - 1) / t), ((pg, kl, ent), logp)
 
-        fn = jax.checkpoint(chunk) if 0 < loss_chunk < k else chunk
-        pg, kl, ent, logp = chunked(
-            fn,
+        j, (sums, logp) = accumulated(
+            chunk,
             loss_chunk,
+            (params, state),
             part.tokens[..., :t],
             old_logp[..., 1:t],
             part.advantages[..., 1:t],
@@ -213,7 +281,7 @@ def make_loss(spec: ObjectiveSpec, group: GroupSpec, policy: Policy, reference: 
             ref_tok,
             ref_lp,
         )
-        return pg.sum(), kl.sum(), ent.sum(), logp
+        return j, jax.tree.map(jnp.sum, sums), logp
 
     def decision_point(lp_first, logp0, part: Part, old_logp, first_iter):
         """The forced first actions: the exact all-action gradient ("expected") or the
@@ -247,38 +315,31 @@ def make_loss(spec: ObjectiveSpec, group: GroupSpec, policy: Policy, reference: 
         logp = jnp.take_along_axis(lp_first, part.tokens[..., 0], axis=1)[..., None]
         pg, m = decision_point(lp_first, logp, part, old_logp, first_iter)
         prompt_w = part.action_mask.max(1)
-        ent_dp = entropy(lp_first)
         kl_dp = exact_kl(lp_first, part.ref_first) if has_reference else jnp.zeros((b,))
-        m["entropy_decision"] = _masked_mean(ent_dp, prompt_w)
-        m["kl_decision"] = _masked_mean(kl_dp, prompt_w)
-        kl, ent = m["kl_decision"], m["entropy_decision"]
-        if train_cont and t > 1:
-            pg_c, kl_c, ent_c, logp_rest = continuation_terms(
-                params, ref_state, state, part, old_logp, first_iter, t
-            )
-            logp = jnp.concatenate([logp, logp_rest], axis=-1)
-            m["pg_continuation"] = pg_c
-            # KL and entropy stay per-token means (the decision point is one of T tokens), so
-            # they read the same as a sampled group's; the decision point's pg term keeps its
-            # full weight: it is the exhaustive group's main signal.
-            pg = pg + pg_c
-            kl = (kl + (t - 1) * kl_c) / t
-            ent = (ent + (t - 1) * ent_c) / t
-        logp = jnp.pad(logp, ((0, 0), (0, 0), (0, full_t - logp.shape[-1])))
-        return pg, kl, ent, jnp.mean(prompt_w), m, logp
+        kl, ent = _masked_mean(kl_dp, prompt_w), _masked_mean(entropy(lp_first), prompt_w)
+        m["kl_decision"], m["entropy_decision"] = kl, ent
+        pad = lambda x: jnp.pad(x, ((0, 0), (0, 0), (0, full_t - x.shape[-1])))
+        if not (train_cont and t > 1):
+            return objective_terms(pg, kl, ent), (pg, kl, ent), jnp.mean(prompt_w), m, pad(logp)
+        # KL and entropy stay per-token means (the decision point is one of T tokens), so they
+        # read the same as a sampled group's; the decision point's pg term keeps its full
+        # weight: it is the exhaustive group's main signal.
+        j_c, (pg_c, kl_c, ent_c), logp_rest = continuation_terms(
+            params, ref_state, state, part, old_logp, first_iter, t
+        )
+        j = objective_terms(pg, kl, ent, 1 / t) + j_c
+        m["pg_continuation"] = pg_c
+        terms = (pg + pg_c, (kl + (t - 1) * kl_c) / t, (ent + (t - 1) * ent_c) / t)
+        logp = pad(jnp.concatenate([logp, logp_rest], axis=-1))
+        return j, terms, jnp.mean(prompt_w), m, logp
 
     def loss_fn(params, parts, old_logps, first_iter, forced_flags, ref_state=None):
         total = pg_t = kl_t = ent_t = 0.0
         metrics, logps = {}, []
         for part, old, forced in zip(parts, old_logps, forced_flags, strict=True):
             part_loss = forced_loss if forced else sampled_loss
-            pg, kl, ent, w, m, logp = part_loss(params, ref_state, part, old, first_iter)
-            # a zero coefficient still costs a backward pass through the term: detach it
-            kl_term = beta * kl if beta else jax.lax.stop_gradient(kl) * 0.0
-            ent_term = (
-                gr.entropy_coef * ent if gr.entropy_coef else jax.lax.stop_gradient(ent) * 0.0
-            )
-            total = total + w * (pg + kl_term - ent_term)
+            j, (pg, kl, ent), w, m, logp = part_loss(params, ref_state, part, old, first_iter)
+            total = total + w * j
             pg_t, kl_t, ent_t = pg_t + w * pg, kl_t + w * kl, ent_t + w * ent
             for name, val in m.items():
                 metrics[name] = metrics.get(name, 0.0) + w * val

@@ -173,13 +173,10 @@ def decode_members(model: Transformer, params, prefix: Prefix, first_tokens, u, 
     return tokens, move(lps), move(ents), mask.astype(jnp.float32)
 
 
-def chunked(fn, chunk: int, *member_args):
-    """Apply ``fn`` to member-axis (axis 1) slices of ``chunk`` members with ``lax.map``.
-
-    Bounds peak memory by the chunk instead of the group; pads K up to a multiple of chunk."""
-    k = member_args[0].shape[1]
-    if chunk <= 0 or chunk >= k:
-        return fn(*member_args)
+def member_chunks(k: int, chunk: int):
+    """(split, merge) for ``chunk``-member slices of a K-member axis (axis 1): ``split`` pads
+    K up to a multiple of the chunk and stacks the slices on a new leading axis, ``merge``
+    undoes it on a loop's stacked outputs."""
     n = -(-k // chunk)
     pad = n * chunk - k
 
@@ -187,10 +184,20 @@ def chunked(fn, chunk: int, *member_args):
         x = jnp.pad(x, [(0, 0), (0, pad)] + [(0, 0)] * (x.ndim - 2))
         return jnp.moveaxis(x.reshape(x.shape[0], n, chunk, *x.shape[2:]), 1, 0)
 
-    outs = jax.lax.map(lambda a: fn(*a), tuple(split(a) for a in member_args))
-
     def merge(y):
         y = jnp.moveaxis(y, 0, 1)
         return y.reshape(y.shape[0], n * chunk, *y.shape[3:])[:, :k]
 
+    return split, merge
+
+
+def chunked(fn, chunk: int, *member_args):
+    """Apply ``fn`` to member-axis (axis 1) slices of ``chunk`` members with ``lax.map``.
+
+    Bounds peak memory by the chunk instead of the group; pads K up to a multiple of chunk."""
+    k = member_args[0].shape[1]
+    if chunk <= 0 or chunk >= k:
+        return fn(*member_args)
+    split, merge = member_chunks(k, chunk)
+    outs = jax.lax.map(lambda a: fn(*a), tuple(split(a) for a in member_args))
     return jax.tree.map(merge, outs)
