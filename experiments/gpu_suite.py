@@ -110,13 +110,11 @@ the next call (carry it too) adds ``--resume=.gpu_prev/gpu_suite_<device>.json``
 runs again, every measurement recorded there without an error is kept, the rest run. Then copy
 the last call's ``.json`` and ``.md`` into experiments/results/ and commit those two paths.
 On the H200 (2026-11-26) the probe, which then measured both dtypes' peaks in one process,
-timed out twice: at 180 s in the first session (it also traced four steps; its log does not
-say where it was) and at 300 s in the second, compiling the bfloat16 loop (XLA's "very slow
-compile" alarm for its GEMM fusion). The other parts' measurements were then
-run by hand (experiments/results/gpu_h200_2026-11-26/) and folded into the committed record,
-which an H200 lease can resume (``--resume=experiments/results/gpu_suite_nvidia-h200.json``:
-the peaks, the large model at both batches and the two profiles then run; each kept
-measurement names the checkout that made it in ``measured_at``).
+timed out twice (at 180 s, where unlogged, and at 300 s compiling the bfloat16 peak loop).
+The other parts were run by hand (experiments/results/gpu_h200_2026-11-26/) and folded into
+the committed record, which an H200 lease can resume: ``--resume=experiments/results/
+gpu_suite_nvidia-h200.json --rerun=exhaustive`` (its rows predate the loss that stops
+recomputing member chunks; each kept measurement names its checkout in ``measured_at``).
 """
 
 from __future__ import annotations
@@ -179,9 +177,8 @@ flags.DEFINE_string(
     "A JSON this suite wrote before on the same device kind: its measurements with the same "
     "command and no error are kept, the rest run (a suite longer than one lease call).",
 )
-flags.DEFINE_string(
-    "child", "", "Internal: run one measurement here (probe or peak) and print JSON."
-)
+flags.DEFINE_list("rerun", [], "With --resume: parts whose kept measurements run again.")
+flags.DEFINE_string("child", "", "Internal: run one measurement (probe or peak), print JSON.")
 flags.DEFINE_string("child_spec", "", "Internal: the child's JSON argument.")
 
 CHILD_ENV_KEYS = (
@@ -306,9 +303,11 @@ def main(argv):
         spec = json.loads(FLAGS.child_spec or "{}")
         print(json.dumps(probe() if FLAGS.child == "probe" else peak(spec)), flush=True)
         return
-    unknown = set(FLAGS.parts) - set(PARTS)
-    if unknown:
-        raise app.UsageError(f"--parts: unknown {sorted(unknown)}; known {PARTS}")
+    for name in ("parts", "rerun"):
+        if unknown := set(FLAGS[name].value) - set(PARTS):
+            sys.exit(f"error: --{name}: unknown {sorted(unknown)}; choose from {PARTS}")
+    if FLAGS.rerun and not FLAGS.resume:
+        sys.exit("error: --rerun needs --resume=FILE (without it every part runs anyway)")
     t0 = time.perf_counter()
     smoke, p = FLAGS.smoke, plan(FLAGS.smoke)
     workers = FLAGS.jobs or (2 if smoke else 3)
@@ -360,8 +359,9 @@ def suite(smoke: bool, p: dict, workers: int, env: dict, t0: float) -> None:
 
 def resume(jobs: list, path: str) -> int:
     """Gives ``jobs`` the results recorded in ``path`` for the same part, key and command
-    (errors and skips run again); exits with an error line where ``path`` is no suite record
-    or was measured on another device kind than ``jobs[0]``'s probe. Returns how many."""
+    (errors, skips and --rerun's parts run again); exits with an error line where ``path``
+    is no suite record or was measured on another device kind than ``jobs[0]``'s probe.
+    Returns how many."""
     try:
         old = json.loads(Path(path).read_text())
         records, kind = old["child_records"], old["device"].get("device_kind")
@@ -374,7 +374,8 @@ def resume(jobs: list, path: str) -> int:
     done = {
         (r["part"], r["key"], r["result"].get("command")): r["result"]
         for r in records
-        if r["part"] != "probe" and not ({"error", "skipped"} & set(r["result"]))
+        if r["part"] not in ("probe", *FLAGS.rerun)
+        and not ({"error", "skipped"} & set(r["result"]))
     }
     kept = 0
     for job in jobs[1:]:

@@ -115,7 +115,8 @@ def check_flops_only(r: dict, env: dict):
 
 def check_resume(js: Path, env: dict):
     """--resume keeps every measurement of a record from the same device kind (only the probe
-    runs again) and refuses one from another kind with one error line."""
+    runs again) except --rerun's parts, and refuses one from another kind with one error
+    line."""
     cmd = [sys.executable, "experiments/gpu_suite.py", "--smoke", f"--out_dir={js.parent}"]
     done = subprocess.run([*cmd, f"--resume={js}", "--name=resumed"], cwd=ROOT, env=env,
                           capture_output=True, text=True, timeout=300)  # fmt: skip
@@ -132,6 +133,20 @@ def check_resume(js: Path, env: dict):
         == (first["results"]["step"]["float32"]["median_step_s"])
     )
     assert again["wall_s"] < first["wall_s"]
+    # --rerun: the named part runs again (the loss it measured changed), the rest is kept
+    rerun_cmd = [*cmd, f"--resume={js}", "--rerun=exhaustive", "--name=rerun"]
+    done = subprocess.run(rerun_cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
+    rerun = json.loads((js.parent / "rerun.json").read_text())["child_records"]
+    kept = {r["part"] for r in rerun if "resumed_from" in r["result"]}
+    assert {"peak", "step", "large", "profile"} <= kept and "exhaustive" not in kept
+    assert sum(r["part"] == "exhaustive" and "median_step_s" in r["result"] for r in rerun) == 2
+    for bad, line in (
+        (["--rerun=exhaustive"], "error: --rerun needs --resume=FILE"),
+        ([f"--resume={js}", "--rerun=nope"], "error: --rerun: unknown ['nope']"),
+    ):
+        done = subprocess.run([*cmd, *bad], cwd=ROOT, env=env, capture_output=True, text=True)
+        assert done.returncode == 1 and done.stderr.strip().startswith(line), done.stderr
     other = js.parent / "other.json"
     other.write_text(json.dumps({**first, "device": {**first["device"], "device_kind": "Other"}}))
     done = subprocess.run([*cmd, f"--resume={other}"], cwd=ROOT, env=env, capture_output=True,
