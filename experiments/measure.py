@@ -194,10 +194,11 @@ def matmul_peak(shapes, dtype="float32", repeats=8, runs=20):
 def matmul_floor(fn, *args, repeats=8, runs=10) -> dict:
     """What the matmuls of one call of ``fn(*args)`` cost at their own shapes: every distinct
     dot_general it executes (executed_dots: shapes, dtypes, dimension numbers) timed alone as
-    dot_program's best call, times how often the call runs it. ``matmul_floor_s`` bounds the
-    step from below as long as its matmuls run no faster than alone and everything else were
-    free: it shows how much of the gap to the peak the shapes themselves (decode's few rows,
-    attention's small batched products) account for."""
+    dot_program's best call, times how often the call runs it. ``matmul_floor_s`` is the
+    call's time if everything but its matmuls were free and each ran as fast as it does alone
+    (a floor unless the step overlaps its matmuls better than dot_program's call does): how
+    much of the gap to the peak the shapes themselves (decode's few rows, attention's small
+    batched products) account for."""
     distinct = {}
     for eqn, times in executed_dots(jax.make_jaxpr(fn)(*args).jaxpr):
         lhs, rhs = (v.aval for v in eqn.invars)
