@@ -109,6 +109,12 @@ def _sub_jaxprs(eqn):
     return out
 
 
+def is_batched(params: dict) -> bool:
+    """Whether a dot_general (its equation's params) has batch dimensions: attention's
+    scores and values, as against the dense layers."""
+    return bool(params["dimension_numbers"][1][0])
+
+
 def executed_dots(jaxpr, times: int = 1):
     """(dot_general equation, how many times it runs) for every matmul a jaxpr executes: a
     scan's body runs ``length`` times, a while loop's once (its trip count is not static)."""
@@ -125,8 +131,8 @@ def matmul_flops_of(jaxpr, batched: bool | None = None) -> int:
     dimensions (attention's scores and values), False only those without (the dense layers)."""
     total = 0
     for eqn, times in executed_dots(jaxpr):
-        (lc, _), (lb, _) = eqn.params["dimension_numbers"]
-        if batched is None or batched == bool(lb):
+        (lc, _), _ = eqn.params["dimension_numbers"]
+        if batched is None or batched == is_batched(eqn.params):
             contracted = math.prod(eqn.invars[0].aval.shape[d] for d in lc)
             total += times * 2 * math.prod(eqn.outvars[0].aval.shape) * contracted
     return total
@@ -206,7 +212,7 @@ def matmul_floor(fn, *args, repeats=8, runs=10) -> dict:
         distinct.setdefault(key, [0, lhs, rhs, eqn.params])[0] += times
     by_kind = {"dense": 0.0, "batched": 0.0}  # as profile_step splits them
     for count, lhs, rhs, params in distinct.values():
-        kind = "batched" if params["dimension_numbers"][1][0] else "dense"
+        kind = "batched" if is_batched(params) else "dense"
         by_kind[kind] += count * _best_call_s(*dot_program(lhs, rhs, params, repeats), runs)
     by_kind = {kind: s / repeats for kind, s in by_kind.items()}
     return {

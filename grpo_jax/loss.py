@@ -93,6 +93,8 @@ def accumulated(fn, chunk: int, diff, *member_args):
     leaves, tree = jax.tree.flatten(diff)
     inexact = [jnp.issubdtype(x.dtype, jnp.inexact) for x in leaves]
     fixed = [None if d else x for x, d in zip(leaves, inexact, strict=True)]
+    live = [x for x, d in zip(leaves, inexact, strict=True) if d]  # what gets a gradient
+    dtypes = [x.dtype for x in live]
     split, merge = member_chunks(k, chunk)
     slices = tuple(split(a) for a in member_args)
 
@@ -113,9 +115,6 @@ def accumulated(fn, chunk: int, diff, *member_args):
         acc0 = [jnp.zeros(x.shape, jnp.promote_types(x.dtype, jnp.float32)) for x in live]
         grads, (js, aux) = jax.lax.scan(body, acc0, slices)
         return (jnp.sum(js), jax.tree.map(merge, aux)), grads
-
-    live = [x for x, d in zip(leaves, inexact, strict=True) if d]
-    dtypes = [x.dtype for x in live]
 
     @jax.custom_vjp
     def total(live):
