@@ -5,18 +5,19 @@ large V, and a larger model, written as one JSON and one markdown table.
 
 Parts, each measured in its own subprocess (so ``memory_stats()`` peaks are each part's own;
 a part that fails or times out is recorded as such and the others still run), three at a
-time by default (``--jobs``). Side by side, the children take turns on the device through
+time by default (``--jobs``): the peaks first, then the longest expected first, a child whose
+expected peak bytes would not fit beside the running ones' waiting (gpu_suite_plan.schedule,
+with one H100's figures). Side by side, the children take turns on the device through
 experiments/device_lock.py: a child's timed calls (warm-up included) hold it alone, its
 compiles share it, so each timing sees an idle device while the next children compile. On
-one H200, one at a time, a child's step compiled in 33-45 s and its timed calls took seconds
-(V = 50,000's one iteration 80 s), and the children that ran added up to 528 s of wall time
-without the probe, the peaks, V = 1,000 and the profiles: over the 8 minutes on their own.
-The record's ``device_lock`` says how long each kind held and waited and checks that no timed
-section overlapped another process's. JAX does not preallocate with several children
-(XLA_PYTHON_CLIENT_PREALLOCATE=false; each may still grow to 92 % of the device), and all of
-them share one compilation cache in the run's temporary directory: the profile part's
-programs are the step and large parts' own, loaded instead of compiled again. ``--jobs=1``
-runs them one at a time, as the H200's record was measured.
+one H100 (2026-11-26) in the plan's order the suite took 545 s, 18 compiles sharing the device
+for 727 s and 18 timed sections holding it for 90 s, and two children ran out of memory
+beside the large model's. The record's ``device_lock`` says how long each kind held and
+waited and checks that no timed section overlapped another process's. JAX does not
+preallocate with several children (XLA_PYTHON_CLIENT_PREALLOCATE=false; each may still grow
+to 92 % of the device), and all of them share one compilation cache in the run's temporary
+directory: the profile part's programs are the step and large parts' own, loaded instead of
+compiled again. ``--jobs=1`` runs them one at a time.
 
 - ``probe``: the device (device_kind, platform, count), jax / jaxlib versions and the float32
   matmul precision (``jax_default_matmul_precision``: unset = DEFAULT, under which XLA runs
@@ -101,20 +102,17 @@ inside the call, the parts that did not fit recorded as not run):
   export GRPO_JAX_DATA=$PWD/shared/data/tinyshakespeare.txt PYTHONUNBUFFERED=1; \
   python3 experiments/gpu_suite.py --out_dir=$OUT --budget_s=540 2>&1 | tee $OUT/gpu_suite.log
 
-On one H200, one child at a time, the whole suite took longer than one call (V = 50,000
-alone: 36 s to compile, 104 s an iteration); side by side it may fit, unmeasured. Where a
-call ends with parts recorded as not run, back here the files lie under the reply's
-files_at: copy
-``gpu_suite_<device>.json`` into a folder .git/info/exclude ignores (``.gpu_prev/``), and
-the next call (carry it too) adds ``--resume=.gpu_prev/gpu_suite_<device>.json``: the probe
+One H100 (2026-11-26) ran the whole suite in one such call, side by side, in 545 s with two
+children out of memory (experiments/results/gpu_h100_2026-11-26). Where a call ends with
+parts recorded as not run, copy the reply's ``gpu_suite_<device>.json`` (under files_at) into
+a folder .git/info/exclude ignores (``.gpu_prev/``), and the next call (carry it too) adds
+``--resume=.gpu_prev/gpu_suite_<device>.json`` (with ``--parts`` the ones to finish): the probe
 runs again, every measurement recorded there without an error is kept, the rest run. Then copy
 the last call's ``.json`` and ``.md`` into experiments/results/ and commit those two paths.
-On the H200 (2026-11-26) the probe, which then measured both dtypes' peaks in one process,
-timed out twice (at 180 s, where unlogged, and at 300 s compiling the bfloat16 peak loop).
-The other parts were run by hand (experiments/results/gpu_h200_2026-11-26/) and folded into
-the committed record, which an H200 lease can resume: ``--resume=experiments/results/
-gpu_suite_nvidia-h200.json --rerun=exhaustive`` (its rows predate the loss that stops
-recomputing member chunks; each kept measurement names its checkout in ``measured_at``).
+The H200 record (its probe timed out twice; the other parts run by hand, folded in by
+experiments/results/gpu_h200_2026-11-26/) can be resumed on an H200 with ``--rerun=exhaustive``
+(its rows predate the loss that stops recomputing member chunks; each kept measurement names
+its checkout in ``measured_at``).
 """
 
 from __future__ import annotations
@@ -128,7 +126,6 @@ import sys
 import tempfile
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from absl import app, flags
@@ -140,7 +137,7 @@ sys.path.insert(0, str(HERE))  # measure.py, trl_grpo.py, gpu_suite_*.py beside 
 import device_lock  # noqa: E402
 import gpu_suite_report as report  # noqa: E402
 from gpu_suite_parts import jobs_of, peak, probe, shown  # noqa: E402
-from gpu_suite_plan import plan  # noqa: E402
+from gpu_suite_plan import MEMORY_SHARE, plan, schedule  # noqa: E402
 from versus_trl import git_state  # noqa: E402
 
 FLAGS = flags.FLAGS
@@ -175,7 +172,8 @@ flags.DEFINE_string(
     "resume",
     "",
     "A JSON this suite wrote before on the same device kind: its measurements with the same "
-    "command and no error are kept, the rest run (a suite longer than one lease call).",
+    "command and no error are kept, the rest of --parts run (a suite longer than one lease "
+    "call); the record keeps the other parts' measurements too.",
 )
 flags.DEFINE_list("rerun", [], "With --resume: parts whose kept measurements run again.")
 flags.DEFINE_string("child", "", "Internal: run one measurement (probe or peak), print JSON.")
@@ -260,11 +258,12 @@ def run_command(cmd: list, env: dict, timeout: float) -> dict:
     return res
 
 
-def run_jobs(jobs: list, env: dict, workers: int, done=lambda: None) -> list:
+def run_jobs(jobs: list, env: dict, workers: int, done=lambda: None, capacity=None) -> list:
     """The children ``workers`` at a time (with more than one, their timed sections take turns
-    through the device lock in ``env``); ``done()`` after each. A child that ran out of memory
-    beside others runs again once the rest are done, alone (its neighbours' memory may have
-    been what it lacked); its record keeps the first error in ``retried_alone_after``."""
+    through the device lock in ``env``), in gpu_suite_plan.schedule's order within ``capacity``
+    bytes; ``done()`` after each. A child that ran out of memory beside others runs again once
+    the rest are done, alone (its neighbours' memory may have been what it lacked); its record
+    keeps the first error in ``retried_alone_after``."""
     for job in jobs:  # a Python that is not there skips TRL without starting anything
         if job["part"] == "trl" and not (
             Path(FLAGS.trl_python).exists() or shutil.which(FLAGS.trl_python)
@@ -280,8 +279,7 @@ def run_jobs(jobs: list, env: dict, workers: int, done=lambda: None) -> list:
         for job in todo:
             run(job)
         return jobs
-    with ThreadPoolExecutor(workers) as pool:
-        list(pool.map(run, todo))
+    schedule(todo, workers, run, capacity)
     for job in [j for j in todo if j["result"].get("out_of_memory")]:
         first = job["result"]
         print(f"{job['part']} {job['key']}: out of memory beside others, again alone", flush=True)
@@ -322,7 +320,8 @@ def suite(smoke: bool, p: dict, workers: int, env: dict, t0: float) -> None:
         FLAGS.out_dir
         or (tempfile.mkdtemp(prefix="gpu_suite_smoke_") if smoke else ROOT / "experiments/results")
     )
-    jobs = jobs_of(p, FLAGS.parts, FLAGS.trl_python)
+    # resuming, every part's kept measurements stay in the record; --parts picks what runs
+    jobs = jobs_of(p, PARTS if FLAGS.resume else FLAGS.parts, FLAGS.trl_python)
     print(f"{len(jobs)} measurements, {workers} at a time", flush=True)
     lock = threading.Lock()
     run = {
@@ -344,10 +343,13 @@ def suite(smoke: bool, p: dict, workers: int, env: dict, t0: float) -> None:
             raw = report.record(jobs, p, smoke=smoke, final=final, t0=t0, device_lock=shared, **run)
             return raw, report.write(raw, out_dir, FLAGS.name)
 
-    if FLAGS.resume:  # the probe first: the kept measurements must be this device kind's
-        run_jobs(jobs[:1], env, 1)
+    run_jobs(jobs[:1], env, 1)  # the probe first: the device's memory, the record's kind
+    if FLAGS.resume:
         print(f"kept from {FLAGS.resume}: {resume(jobs, FLAGS.resume)}", flush=True)
-    run_jobs(jobs, env, workers, done=lambda: write(final=False))
+        jobs[1:] = [j for j in jobs[1:] if "result" in j or j["part"] in FLAGS.parts]
+    limit = jobs[0]["result"].get("memory_bytes_limit")
+    capacity = limit * MEMORY_SHARE if limit else None
+    run_jobs(jobs, env, workers, done=lambda: write(final=False), capacity=capacity)
     raw, path = write(final=True)
     print(report.markdown(raw))
     print(f"wrote {path}.json and .md in {raw['wall_s']:.0f} s")

@@ -253,10 +253,11 @@ def profile_section(prof: dict, name: str) -> list:
         f"Wall {prof['wall_ms_per_step']:.2f} ms / step; kernels / thunks {total:.2f} ms / step "
         f"attributed to an instruction, {lost.get('ms_per_step', 0.0):.2f} ms not "
         f"({', '.join(lost.get('names', [])) or 'none'}).",
-        f"- by stage: {share(prof['by_stage'])}",
-        f"- by kind: {share(prof['by_kind'])}",
+        f"- by stage: {share(prof['by_stage']) or '– (nothing attributed)'}",
+        f"- by kind: {share(prof['by_kind']) or '– (nothing attributed)'}",
     ]
     for kind, g in prof["matmul_gflop_per_step"].items():
-        ms = prof["by_kind"].get(kind, 0.0)
-        lines.append(f"- {kind}: {g:.3g} GFLOP / step at {g / max(ms, 1e-9):.3g} TFLOP/s busy")
+        ms = prof["by_kind"].get(kind, 0.0)  # GFLOP per ms is TFLOP/s
+        rate = f"{g / ms:.3g} TFLOP/s busy" if ms > 0 else "– (no kernel of this kind attributed)"
+        lines.append(f"- {kind}: {g:.3g} GFLOP / step at {rate}")
     return lines

@@ -161,6 +161,10 @@ def jobs_of(p: dict, parts, trl_python: str) -> list:
         jobs += large_jobs(p["large"])
     if "profile" in parts:
         jobs += profile_jobs(p["profile"])
+    for job in jobs:  # the scheduler's hints (gpu_suite_plan.schedule)
+        hint = p.get("expect", {}).get(f"{job['part']} {job['key']}")
+        if hint:
+            job["expect_s"], job["expect_bytes"] = hint
     return jobs
 
 

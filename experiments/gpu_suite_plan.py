@@ -3,6 +3,8 @@ H100 and tiny ones for --smoke (the same code paths on a CPU in seconds)."""
 
 from __future__ import annotations
 
+import threading
+
 SUITE_BUDGET_S = 480  # the issue's "under 8 minutes on one H100"
 
 # The TRL-comparable GRPO step (experiments/benchmark.py's docstring; versus_trl.py's work)
@@ -34,6 +36,72 @@ LARGE = {
 # a pass over 85 M parameters for 256 rows; 32 doubles the rows each pass serves (its memory,
 # about twice 16's by the CPU plans above, is unmeasured on a GPU)
 LARGE_BATCHES = (16, 32)
+
+
+# What each child took on one H100 (experiments/results/gpu_h100_2026-11-26: wall seconds
+# three at a time, its compiles included; peak device bytes), for the schedule below. Call 1
+# started them in the plan's order and ran large 16 beside large 32 and V = 50,000: out of
+# memory, and its retry alone found the budget spent (profile large likewise).
+H100_EXPECT = {
+    "peak float32": (10, 1.0e9),
+    "peak bfloat16": (10, 1.0e9),
+    "step float32": (145, 0.4e9),
+    "step bfloat16": (140, 0.3e9),
+    "trl float32": (95, 1.0e9),  # torch's bytes unrecorded; 4x4x128 in float32 is small
+    "trl bfloat16": (46, 1.0e9),
+    "exhaustive 65": (80, 0.6e9),
+    "exhaustive 256": (81, 1.2e9),
+    "exhaustive 1000": (82, 9.7e9),
+    "exhaustive 50000": (161, 5.6e9),
+    "large 16": (138, 24.7e9),  # alone (call 2)
+    "large 32": (250, 47.9e9),
+    "profile step": (80, 0.3e9),
+    "profile large": (78, 24.7e9),  # alone (call 2); the bytes are large 16's (the same step)
+}
+# the share of a process's memory limit (XLA_PYTHON_CLIENT_MEM_FRACTION of the device) that
+# the children running at once may expect to peak at together: the peaks are the allocators'
+# bytes in use, each process also holds its CUDA context, cuDNN workspaces and fragmentation
+MEMORY_SHARE = 0.8
+
+
+def schedule(jobs: list, workers: int, run, capacity: float | None = None) -> None:
+    """``run(job)`` for every job, ``workers`` at a time: the peaks first, then the longest
+    expected (``expect_s``) first, a job whose ``expect_bytes`` would not fit in ``capacity``
+    beside the running jobs' waiting for them to finish (alone a job always starts; None: no
+    limit). The first exception a ``run`` raised is raised once all have finished."""
+    pending = sorted(jobs, key=lambda j: (j["part"] != "peak", -j.get("expect_s", 0)))
+    cond, busy, errors = threading.Condition(), {"bytes": 0.0, "jobs": 0}, []
+
+    def fits(job):
+        need = busy["bytes"] + job.get("expect_bytes", 0)
+        return capacity is None or busy["jobs"] == 0 or need <= capacity
+
+    def worker():
+        while True:
+            with cond:
+                while pending and (job := next((j for j in pending if fits(j)), None)) is None:
+                    cond.wait()
+                if not pending:
+                    return
+                pending.remove(job)
+                busy["bytes"] += job.get("expect_bytes", 0)
+                busy["jobs"] += 1
+            try:
+                run(job)
+            except Exception as e:  # raised below, once the others have finished
+                errors.append(e)
+            with cond:
+                busy["bytes"] -= job.get("expect_bytes", 0)
+                busy["jobs"] -= 1
+                cond.notify_all()
+
+    threads = [threading.Thread(target=worker) for _ in range(max(1, workers))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    if errors:
+        raise errors[0]
 
 
 def plan(smoke: bool) -> dict:
@@ -91,6 +159,7 @@ def gpu_plan() -> dict:
         },
         "probe_timeout": 120,
         "peak_timeout": 120,
+        "expect": {k: list(v) for k, v in H100_EXPECT.items()},
     }
 
 

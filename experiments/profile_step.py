@@ -7,7 +7,13 @@ warmed up, then ``--steps`` steps run under ``jax.profiler.trace`` (no Python tr
 executes a program as thunks, one per HLO instruction (a fusion, a matmul, a copy), and the
 trace times each one (its ``hlo_op``); this script maps every thunk to its instruction in the
 compiled HLO and classifies it (on a GPU or TPU only the device tracks' kernels count, each
-named by the ``hlo_op`` it runs: that path has not run on an accelerator yet):
+named by the ``hlo_op`` it runs). XLA:GPU launches runs of kernels as CUDA graphs (command
+buffers), whose kernels the trace names by the graph's thunk, no instruction: on one H100
+(2026-11-26) 15.6 of the step's 19.9 ms went to ``command_buffer_*`` and none was attributed.
+This script turns them off (``--xla_gpu_enable_command_buffer=`` in XLA_FLAGS, recorded in
+``xla_flags``; a no-op elsewhere), so its GPU wall time includes launches a graph would
+save: the attribution is the point, benchmark.py's time the step's. Its GPU path has not yet
+run with them off.
 
 - kind: ``matmul`` (a dot, or a YNNPACK fusion holding one: such a fusion may hold several
   matmuls and the elementwise work between them), ``batched matmul`` (a dot with batch
@@ -37,6 +43,7 @@ line printed is the JSON (``--out_dir=`` prints only: experiments/gpu_suite.py's
 """
 
 import json
+import os
 import platform
 import shutil
 import sys
@@ -70,6 +77,7 @@ flags.DEFINE_string(
 )
 flags.DEFINE_string("name", "profile_cpu", "Basename of the results files.")
 flags.DEFINE_bool("hlo", False, "Also write the compiled HLO text (<name>.hlo.txt).")
+NO_COMMAND_BUFFERS = "--xla_gpu_enable_command_buffer="
 flags.DEFINE_integer("top", 15, "Instructions listed in the markdown.", lower_bound=0)
 
 
@@ -103,6 +111,8 @@ def main(argv):
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {argv[1:]}")
     config = FLAGS.config
+    # before the backend starts (see the docstring): each kernel names its own instruction
+    os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {NO_COMMAND_BUFFERS}".strip()
     cpu_buffers = configure_host(config)
     hlo, trace_dir, wall, flops = trace_step(config, FLAGS.steps, FLAGS.warmup)
     instrs = parse_hlo(hlo)
@@ -115,6 +125,7 @@ def main(argv):
         "jax": jax.__version__,
         "dtype": config.model.get("dtype", "float32"),
         "command": "python experiments/profile_step.py " + " ".join(sys.argv[1:]),
+        "xla_flags": os.environ["XLA_FLAGS"],
         "steps": FLAGS.steps,
         **summarise(
             instrs, thunk_times(trace_dir, instrs, module_name(hlo), FLAGS.steps), wall, FLAGS.top

@@ -88,6 +88,7 @@ def test_gpu_suite_smoke(tmp_path, shakespeare_path):
     ((name, prof),) = res["profile"].items()
     assert name == "step" and prof["dtype"] == "float32"
     assert prof["command"].startswith("python experiments/profile_step.py")
+    assert "--xla_gpu_enable_command_buffer=" in prof["xla_flags"].split()  # kernels named
     assert positive(prof["thunk_ms_per_step"]) and positive(prof["wall_ms_per_step"])
     assert positive(prof["by_kind"]["matmul"]) and positive(prof["matmul_gflop_per_step"]["matmul"])
     assert {"rollout: decode loop", "update: backward"} <= set(prof["by_stage"])
@@ -115,8 +116,8 @@ def check_flops_only(r: dict, env: dict):
 
 def check_resume(js: Path, env: dict):
     """--resume keeps every measurement of a record from the same device kind (only the probe
-    runs again) except --rerun's parts, and refuses one from another kind with one error
-    line."""
+    runs again) except --rerun's parts, whatever --parts runs, and refuses one from another
+    kind with one error line."""
     cmd = [sys.executable, "experiments/gpu_suite.py", "--smoke", f"--out_dir={js.parent}"]
     done = subprocess.run([*cmd, f"--resume={js}", "--name=resumed"], cwd=ROOT, env=env,
                           capture_output=True, text=True, timeout=300)  # fmt: skip
@@ -133,8 +134,9 @@ def check_resume(js: Path, env: dict):
         == (first["results"]["step"]["float32"]["median_step_s"])
     )
     assert again["wall_s"] < first["wall_s"]
-    # --rerun: the named part runs again (the loss it measured changed), the rest is kept
-    rerun_cmd = [*cmd, f"--resume={js}", "--rerun=exhaustive", "--name=rerun"]
+    # --rerun: the named part runs again (the loss it measured changed), the rest is kept,
+    # --parts outside it included (their measurements stay in the record, nothing of theirs runs)
+    rerun_cmd = [*cmd, f"--resume={js}", "--rerun=exhaustive", "--parts=exhaustive", "--name=rerun"]
     done = subprocess.run(rerun_cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
     rerun = json.loads((js.parent / "rerun.json").read_text())["child_records"]
@@ -212,6 +214,25 @@ def test_the_gpu_plan_profiles_the_step_and_the_large_model():
         assert "--out_dir=" in cmd  # the JSON on stdout only
     assert "--config.model.d_model=768" in profiles["large"]
     assert "--config.model.d_model=768" not in profiles["step"]
+
+
+def test_a_profile_that_attributes_nothing_shows_no_rate():
+    """One H100's profile (CUDA graphs on) attributed no kernel: the markdown said
+    "4.15e+10 TFLOP/s busy" for 0 ms; now it says nothing was attributed, and gives the rate
+    where a kind has kernels (GFLOP per ms is TFLOP/s)."""
+    sys.path.insert(0, str(ROOT / "experiments"))
+    from gpu_suite_markdown import profile_section
+
+    prof = {"thunk_ms_per_step": 0.0, "wall_ms_per_step": 19.89, "by_stage": {}, "by_kind": {},
+            "unattributed": {"ms_per_step": 15.55, "names": ["command_buffer_1"]},
+            "matmul_gflop_per_step": {"matmul": 41.5, "batched matmul": 8.27}}  # fmt: skip
+    text = "\n".join(profile_section(prof, "step"))
+    assert "TFLOP/s" not in text and text.count("– (no kernel of this kind attributed)") == 2
+    assert "- by kind: – (nothing attributed)" in text and "15.55 ms not (command_buffer_1)" in text
+    prof.update(thunk_ms_per_step=10.0, by_kind={"matmul": 2.0, "elementwise": 8.0})
+    text = "\n".join(profile_section(prof, "step"))
+    assert "- matmul: 41.5 GFLOP / step at 20.8 TFLOP/s busy" in text
+    assert "- by kind: matmul 20 %, elementwise 80 %" in text
 
 
 def test_the_large_model_runs_at_each_batch_of_the_plan():
@@ -303,3 +324,38 @@ def test_compile_only_gives_the_buffer_plan_and_loss_chunks_shrink_it(shakespear
         )
         temps.append(memory["temp"])
     assert temps[1] < 0.8 * temps[0], temps  # 937 kB -> 611 kB on jax 0.10.2
+
+
+def test_the_schedule_starts_the_longest_first_and_never_overfills_memory():
+    """gpu_suite_plan.schedule: the peaks, then the longest expected first; a child whose bytes
+    would not fit beside the running ones' waits (one H100 ran large 16 beside large 32 out of
+    memory); alone, one too big for the capacity still runs."""
+    import threading
+    import time
+
+    sys.path.insert(0, str(ROOT / "experiments"))
+    from gpu_suite_plan import H100_EXPECT, MEMORY_SHARE, schedule
+
+    jobs = [{"part": k.split()[0], "key": k.split()[1], "expect_s": s, "expect_bytes": b}
+            for k, (s, b) in H100_EXPECT.items()]  # fmt: skip
+    jobs.append({"part": "giant", "key": "1", "expect_s": 1, "expect_bytes": 1e12})
+    capacity, lock = MEMORY_SHARE * 0.92 * 80e9, threading.Lock()
+    started, running, at_start = [], [], []
+
+    def run(job):
+        with lock:
+            started.append(f"{job['part']} {job['key']}")
+            running.append(job)
+            at_start.append({f"{j['part']} {j['key']}": j["expect_bytes"] for j in running})
+        time.sleep(0.002 * job["expect_s"] ** 0.5)
+        with lock:
+            running.remove(job)
+
+    schedule(jobs, 3, run, capacity)
+    assert sorted(started) == sorted(f"{j['part']} {j['key']}" for j in jobs)
+    assert started[:3] == ["peak float32", "peak bfloat16", "large 32"]  # then the longest
+    assert max(map(len, at_start)) == 3
+    over = [r for r in at_start if sum(r.values()) > capacity]
+    assert over == [{"giant 1": 1e12}]  # alone when it started, and nothing started beside it
+    assert not any({"large 16", "large 32"} <= set(r) for r in at_start)
+    assert not any({"profile large", "large 32"} <= set(r) for r in at_start)
