@@ -45,7 +45,8 @@ compiled again. ``--jobs=1`` runs them one at a time.
 - ``large``: a 12-layer x 768 x 12-head char GPT, context 256, horizon 128, G = 16, bfloat16
   compute, through benchmark.py at 16 and 32 prompts per step (256 and 512 sequences per
   decode step; keyed by prompts): MFU of the rollout and of the update separately
-  (benchmark.py's ``breakdown`` times; its own FLOP counts of each half).
+  (benchmark.py's ``breakdown`` times; its own FLOP counts of each half), and the rollout's
+  floor on the device's nominal peak and HBM bandwidth (gpu_suite_parts.rollout_floor).
 - ``profile``: ``experiments/profile_step.py`` in bfloat16 on the step above and on the large
   model: a jax.profiler trace, busy time by stage (rollout's decode loop, reference, update's
   forward / backward) and by kind of work (dense and batched matmuls, elementwise, layout), and
@@ -109,10 +110,9 @@ a folder .git/info/exclude ignores (``.gpu_prev/``), and the next call (carry it
 ``--resume=.gpu_prev/gpu_suite_<device>.json`` (with ``--parts`` the ones to finish): the probe
 runs again, every measurement recorded there without an error is kept, the rest run. Then copy
 the last call's ``.json`` and ``.md`` into experiments/results/ and commit those two paths.
-The H200 record (its probe timed out twice; the other parts run by hand, folded in by
-experiments/results/gpu_h200_2026-11-26/) can be resumed on an H200 with ``--rerun=exhaustive``
-(its rows predate the loss that stops recomputing member chunks; each kept measurement names
-its checkout in ``measured_at``).
+The H200 record (parts run by hand, folded in by experiments/results/gpu_h200_2026-11-26/)
+resumes on an H200 with ``--rerun=exhaustive`` (its rows predate the loss that stops
+recomputing member chunks; each kept measurement names its checkout in ``measured_at``).
 """
 
 from __future__ import annotations

@@ -233,6 +233,16 @@ def large_section(large: dict, batch: str) -> list:
                 f"| {half} | {secs:.4f} | {fmt(fl and fl / 1e9)} | "
                 f"{pct(u.get('mfu_nominal'))} | {pct(u.get('mfu_measured'))} |"
             )
+        if fl := large.get("rollout_floor"):
+            lines.append(
+                f"- The rollout's floor on the nominal figures: its decode loop reads at least "
+                f"{fl['decode_bytes'] / 1e9:.1f} GB (weights, prompt keys and values, member "
+                f"cache per step) in {1e3 * fl['memory_s']:.1f} ms at "
+                f"{fl['bandwidth_bytes_per_s'] / 1e12:.2f} TB/s, its matmuls take "
+                f"{1e3 * fl['compute_s']:.1f} ms at the peak: measured "
+                f"{fl['times_floor']:.1f}× the larger, an MFU ceiling of "
+                f"{pct(fl['mfu_ceiling'])}."
+            )
         if large.get("note"):
             lines.append(f"- {large['note']}")
     return lines

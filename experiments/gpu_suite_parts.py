@@ -24,6 +24,14 @@ NOMINAL_PEAKS = (
     ("H100", {"bfloat16": 989e12, "tf32": 494e12, "float32": 67e12}),  # SXM, "80GB HBM3"
     ("A100", {"bfloat16": 312e12, "tf32": 156e12, "float32": 19.5e12}),
 )
+# device_kind substring -> nominal HBM bandwidth in bytes/s, the first match wins
+NOMINAL_BANDWIDTH = (
+    ("H200", 4.8e12),
+    ("H100 PCIe", 2.0e12),
+    ("H100", 3.35e12),  # SXM, "80GB HBM3"
+    ("A100-SXM4-80GB", 2.039e12),
+    ("A100", 1.555e12),
+)
 # jax_default_matmul_precision values under which float32 matmuls run on tensor cores
 TF32_PRECISIONS = (None, "", "default", "fastest", "tensorfloat32", "high", "bfloat16")
 
@@ -108,6 +116,50 @@ def utilisation(flops, seconds, dtype: str, info: dict) -> dict:
         "measured_peak_flops_per_s": measured,
         "mfu_nominal": rate / nominal if nominal else None,
         "mfu_measured": rate / measured if measured else None,
+    }
+
+
+def decode_bytes(overrides: dict, params: int) -> float | None:
+    """The least memory traffic of a sampled rollout's decode loop (rollout.decode_members)
+    for a benchmark.py record's config ``overrides`` (None where they do not name the model's
+    sizes): each of its H - 1 steps reads every weight in the compute dtype, the prompts'
+    keys and values (L x 2 x [B, P, D]) and the member cache at that step's segment length
+    (L x 2 x [B, G, S, D]; rollout.cache_segments). What a step writes (one cache slot) and
+    its activations are rows, not matrices, and are left out."""
+    from grpo_jax.rollout import cache_segments
+
+    keys = ("model.num_layers", "model.d_model", "train.batch_size", "group.size")
+    keys += ("data.context_len", "data.horizon", "model.dtype")
+    if not all(k in overrides for k in keys):
+        return None
+    n_l, d, b, g, p, h, dtype = (overrides[k] for k in keys)
+    size = 4 if dtype == "float32" else 2
+    total, start = 0, 0
+    for end in cache_segments(h - 1):
+        steps = min(end, h - 1) - start
+        total += steps * (params + n_l * 2 * b * p * d + n_l * 2 * b * g * end * d) * size
+        start = end
+    return total
+
+
+def rollout_floor(flops, seconds, nbytes, dtype: str, info: dict) -> dict | None:
+    """The rollout's floor on the device's nominal figures: its matmul FLOPs at the peak, and
+    its decode loop's least traffic (decode_bytes) at the HBM bandwidth; the larger bounds
+    the time from below, so ``mfu_ceiling`` is the most MFU the rollout can reach as built."""
+    kind = info.get("device_kind", "")
+    bandwidth = next((bw for key, bw in NOMINAL_BANDWIDTH if key in kind), None)
+    peak = nominal_of(info, dtype)
+    if not (flops and seconds and nbytes and bandwidth and peak):
+        return None
+    compute_s, memory_s = flops / peak, nbytes / bandwidth
+    floor_s = max(compute_s, memory_s)
+    return {
+        "decode_bytes": nbytes,
+        "bandwidth_bytes_per_s": bandwidth,
+        "compute_s": compute_s,
+        "memory_s": memory_s,
+        "times_floor": seconds / floor_s,
+        "mfu_ceiling": flops / floor_s / peak,
     }
 
 

@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 
 from gpu_suite_markdown import markdown
-from gpu_suite_parts import utilisation
+from gpu_suite_parts import decode_bytes, rollout_floor, utilisation
 from gpu_suite_plan import SUITE_BUDGET_S
 
 # the exhaustive-GRPO guide's figures: V -> (seconds per iteration, bytes); None = infeasible
@@ -55,6 +55,10 @@ def bench_figures(r: dict, dtype: str, info: dict) -> dict:
         flops = roof.get(f"{half}_matmul_flops")
         out[f"{half}_matmul_flops"] = flops
         out[half] = utilisation(flops, bd[f"{half}_s"], dtype, info)
+    nbytes = decode_bytes(r.get("overrides", {}), r["params"])
+    out["rollout_floor"] = rollout_floor(
+        out["rollout_matmul_flops"], bd["rollout_s"], nbytes, dtype, info
+    )
     return out
 
 

@@ -359,3 +359,28 @@ def test_the_schedule_starts_the_longest_first_and_never_overfills_memory():
     assert over == [{"giant 1": 1e12}]  # alone when it started, and nothing started beside it
     assert not any({"large 16", "large 32"} <= set(r) for r in at_start)
     assert not any({"profile large", "large 32"} <= set(r) for r in at_start)
+
+
+def test_the_rollout_floor_counts_the_decode_loops_reads_by_hand():
+    """gpu_suite_parts.decode_bytes: per decode step, every weight, the prompts' keys and
+    values and the member cache at the step's segment length, in the compute dtype; the
+    floor is the larger of that traffic at the HBM bandwidth and the FLOPs at the peak."""
+    sys.path.insert(0, str(ROOT / "experiments"))
+    from gpu_suite_parts import decode_bytes, rollout_floor
+
+    o = {"model.num_layers": 2, "model.d_model": 4, "train.batch_size": 3, "group.size": 5,
+         "data.context_len": 7, "data.horizon": 4, "model.dtype": "bfloat16"}  # fmt: skip
+    # 3 decode steps, one segment of 3 slots: (100 + 2*2*3*7*4 + 2*2*3*5*3*4) * 2 bytes each
+    assert decode_bytes(o, 100) == 3 * (100 + 336 + 720) * 2
+    assert decode_bytes({**o, "model.dtype": "float32"}, 100) == 3 * (100 + 336 + 720) * 4
+    # 40 decode steps grow the cache in segments of 10, 20 and 40 slots (10, 10, 20 steps)
+    per = lambda s: 100 + 336 + 2 * 2 * 3 * 5 * s * 4
+    assert decode_bytes({**o, "data.horizon": 41}, 100) == 2 * (
+        10 * per(10) + 10 * per(20) + 20 * per(40)
+    )
+    assert decode_bytes({"model.dtype": "bfloat16"}, 100) is None  # the step part: no sizes
+    h100 = {"device_kind": "NVIDIA H100 80GB HBM3", "platform": "gpu"}
+    fl = rollout_floor(989e12 * 0.010, 0.2, 3.35e12 * 0.040, "bfloat16", h100)
+    assert fl["compute_s"] == pytest.approx(0.010) and fl["memory_s"] == pytest.approx(0.040)
+    assert fl["times_floor"] == pytest.approx(5.0) and fl["mfu_ceiling"] == pytest.approx(0.25)
+    assert rollout_floor(1e12, 0.2, 1e9, "bfloat16", {"device_kind": "cpu"}) is None
