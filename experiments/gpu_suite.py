@@ -16,8 +16,8 @@ beside the large model's. The record's ``device_lock`` says how long each kind h
 waited and checks that no timed section overlapped another process's. JAX does not
 preallocate with several children (XLA_PYTHON_CLIENT_PREALLOCATE=false; each may still grow
 to 92 % of the device), and all of them share one compilation cache in the run's temporary
-directory: the profile part's programs are the step and large parts' own, loaded instead of
-compiled again. ``--jobs=1`` runs them one at a time.
+directory (the profile part compiles its own: its XLA flags, command buffers off, are part
+of the cache key). ``--jobs=1`` runs them one at a time.
 
 - ``probe``: the device (device_kind, platform, count), jax / jaxlib versions and the float32
   matmul precision (``jax_default_matmul_precision``: unset = DEFAULT, under which XLA runs
@@ -196,9 +196,9 @@ OOM = ("RESOURCE_EXHAUSTED", "Out of memory", "out of memory", "OOM")
 
 def child_env(smoke: bool, workers: int, scratch: Path) -> dict:
     """The children's environment. ``scratch`` (the run's temporary directory) holds the
-    compilation cache they share (the profile part's steps are programs the step and large
-    parts compiled before: loaded, not compiled again) and, with ``workers`` > 1, the device
-    lock their timed sections take turns on."""
+    compilation cache they share (a program two children compile with the same XLA flags is
+    compiled once) and, with ``workers`` > 1, the device lock their timed sections take
+    turns on."""
     env = dict(os.environ)
     if smoke:  # the CPU, and XLA's cheap compiles: the smoke checks the code, not the speed
         env.update(JAX_PLATFORMS="cpu", JAX_DISABLE_MOST_OPTIMIZATIONS="1")
