@@ -126,6 +126,8 @@ def decode_bytes(overrides: dict, params: int) -> float | None:
     keys and values (L x 2 x [B, P, D]) and the member cache at that step's segment length
     (L x 2 x [B, G, S, D]; rollout.cache_segments). What a step writes (one cache slot) and
     its activations are rows, not matrices, and are left out."""
+    import jax.numpy as jnp
+
     from grpo_jax.rollout import cache_segments
 
     keys = ("model.num_layers", "model.d_model", "train.batch_size", "group.size")
@@ -133,7 +135,7 @@ def decode_bytes(overrides: dict, params: int) -> float | None:
     if not all(k in overrides for k in keys):
         return None
     n_l, d, b, g, p, h, dtype = (overrides[k] for k in keys)
-    size = 4 if dtype == "float32" else 2
+    size = jnp.dtype(dtype).itemsize
     total, start = 0, 0
     for end in cache_segments(h - 1):
         steps = min(end, h - 1) - start

@@ -1,5 +1,6 @@
-"""The GPU suite's sizes (experiments/gpu_suite.py): each part's workload, the issue's for one
-H100 and tiny ones for --smoke (the same code paths on a CPU in seconds)."""
+"""The GPU suite's plan (experiments/gpu_suite.py): each part's workload, the issue's for one
+H100 and tiny ones for --smoke (the same code paths on a CPU in seconds), and the order its
+children run in (schedule: what one H100 measured of each child's time and memory)."""
 
 from __future__ import annotations
 
@@ -39,12 +40,14 @@ LARGE_BATCHES = (16, 32)
 
 
 # What each child took on one H100 (experiments/results/gpu_h100_2026-11-26: wall seconds
-# three at a time, its compiles included; peak device bytes), for the schedule below. Call 1
+# three at a time, its compiles included; peak device bytes), for the schedule below; the
+# peaks' and TRL's bytes were not recorded and are estimates (a peak call holds its 8 outputs:
+# 8 x 8192^2 in float32 is 2.1 GB, in bfloat16 1.1 GB). Call 1
 # started them in the plan's order and ran large 16 beside large 32 and V = 50,000: out of
 # memory, and its retry alone found the budget spent (profile large likewise).
 H100_EXPECT = {
-    "peak float32": (10, 1.0e9),
-    "peak bfloat16": (10, 1.0e9),
+    "peak float32": (10, 2.5e9),
+    "peak bfloat16": (10, 1.5e9),
     "step float32": (145, 0.4e9),
     "step bfloat16": (140, 0.3e9),
     "trl float32": (95, 1.0e9),  # torch's bytes unrecorded; 4x4x128 in float32 is small

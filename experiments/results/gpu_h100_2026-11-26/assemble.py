@@ -20,6 +20,7 @@ ROOT = HERE.parents[2]
 sys.path.insert(0, str(ROOT / "experiments"))
 
 import gpu_suite_report as report  # noqa: E402
+from gpu_suite_plan import SUITE_BUDGET_S  # noqa: E402
 
 ORDER = ("probe", "peak", "step", "trl", "exhaustive", "large", "profile")
 REL = "experiments/results/gpu_h100_2026-11-26"
@@ -50,11 +51,13 @@ def main():
     raw = report.record(jobs, call1["plan"], smoke=False, final=True, t0=0.0, **run)
     raw["wall_s"] = None
     raw["targets"] = report.targets(raw["results"], True, None, False)
+    failed = [f"{r['part']} {r['key']}" for r in call1["child_records"] if not ok(r)]
     raw["targets"]["suite wall time (s)"].update(
         value=call1["wall_s"],
-        met=False,
-        note="call 1 alone, the whole suite 3 at a time: 545 s with 2 of 15 children out of "
-        "memory side by side; call 2 measured those 2 alone in 217 s",
+        met=call1["wall_s"] <= SUITE_BUDGET_S,
+        note=f"call 1 alone, the whole suite {call1['workers']} at a time: "
+        f"{call1['wall_s']:.0f} s, {', '.join(failed)} failed; call 2 measured them "
+        f"{call2['workers']} at a time in {call2['wall_s']:.0f} s",
     )
     raw["assembled_from"] = [f"{REL}/call1.json", f"{REL}/call2.json"]
     path = report.write(raw, ROOT / "experiments/results", "gpu_suite_nvidia-h100-80gb-hbm3")
