@@ -9,11 +9,9 @@ time by default (``--jobs``): the peaks first, then the longest expected first, 
 expected peak bytes would not fit beside the running ones' waiting (gpu_suite_plan.schedule,
 with one H100's figures). Side by side, the children take turns on the device through
 experiments/device_lock.py: a child's timed calls (warm-up included) hold it alone, its
-compiles share it, so each timing sees an idle device while the next children compile. On
-one H100 (2026-11-26) in the plan's order the suite took 545 s, 18 compiles sharing the device
-for 727 s and 18 timed sections holding it for 90 s, and two children ran out of memory
-beside the large model's. The record's ``device_lock`` says how long each kind held and
-waited and checks that no timed section overlapped another process's. JAX does not
+compiles share it, so each timing sees an idle device while the next children compile
+(the record's ``device_lock``: how long each kind held and waited; no timed section may
+overlap another process's). JAX does not
 preallocate with several children (XLA_PYTHON_CLIENT_PREALLOCATE=false; each may still grow
 to 92 % of the device), and all of them share one compilation cache in the run's temporary
 directory (the profile part compiles its own: its XLA flags, command buffers off, are part
@@ -47,11 +45,11 @@ of the cache key). ``--jobs=1`` runs them one at a time.
   decode step; keyed by prompts): MFU of the rollout and of the update separately
   (benchmark.py's ``breakdown`` times; its own FLOP counts of each half), and the rollout's
   floor on the device's nominal peak and HBM bandwidth (gpu_suite_parts.rollout_floor).
-- ``profile``: ``experiments/profile_step.py`` in bfloat16 on the step above and on the large
-  model: a jax.profiler trace, busy time by stage (rollout's decode loop, reference, update's
-  forward / backward) and by kind of work (dense and batched matmuls, elementwise, layout), and
-  each matmul kind's FLOP rate. On a GPU it reads the device tracks' kernels (by their
-  ``hlo_op``); it has only ever run on a CPU.
+- ``profile`` (on request): ``experiments/profile_step.py`` in bfloat16 on the step above and
+  on the large model: a jax.profiler trace, busy time by stage (rollout's decode loop,
+  reference, update's forward / backward) and by kind of work (dense and batched matmuls,
+  elementwise, layout), and each matmul kind's FLOP rate. On a GPU it reads the device
+  tracks' kernels (by their ``hlo_op``), with XLA's command buffers off.
 
 MFU = matmul FLOPs (every dot_general executed, loops and the backward pass's recomputation
 included) / time / peak, against both the device's nominal dense peak for the dtype (a table
@@ -68,14 +66,14 @@ and JSON in gpu_suite_report.py, the markdown in gpu_suite_markdown.py.
 Writes ``<out_dir>/gpu_suite_<device>.json`` and ``.md`` (``--name`` overrides the
 basename), rewritten after every measurement (``"complete": false`` until the end, so a run
 cut off by a time limit leaves what it measured); exits 1 when a part failed (after writing
-both). ``--parts`` runs a subset (the probe always runs).
+both). ``--parts`` picks the parts (the probe always runs): by default all but ``profile``,
+whose two traces (each its own compile, command buffers off) explain a measurement rather
+than make one of the issue's; ``--parts=profile`` (with ``--resume``) adds them.
 
-``--smoke``: every part at tiny sizes on the CPU (JAX_PLATFORMS=cpu, XLA's cheap compiles)
-through the same functions, two measurements at a time (``--jobs``) with the device lock,
-into a fresh temporary directory unless --out_dir is given; the step part in
-float32 only (benchmark.py in bfloat16 runs in the large part), V = 65 and 256 (chunked) on a
-1-layer model, the large part on a 2-layer x 64 one; targets are reported as "n/a (smoke)".
-tests/test_gpu_suite.py runs it (about 95 s of CPU time, under a minute on 2 idle cores).
+``--smoke``: the parts at tiny sizes on the CPU (JAX_PLATFORMS=cpu, XLA's cheap compiles),
+two at a time with the device lock, into a fresh temporary directory unless --out_dir is
+given: the step in float32 only (bfloat16 runs in the large part, 2 layers x 64), V = 65 and
+256 (chunked) on 1 layer; targets "n/a (smoke)". tests/test_gpu_suite.py runs all five.
 
 On a GPU machine lent to a session (/work/.library/device/README.md: one call runs at most
 600 s, 15 minutes of device time a session, a machine's start included): its image has jax,
@@ -103,8 +101,10 @@ inside the call, the parts that did not fit recorded as not run):
   export GRPO_JAX_DATA=$PWD/shared/data/tinyshakespeare.txt PYTHONUNBUFFERED=1; \
   python3 experiments/gpu_suite.py --out_dir=$OUT --budget_s=540 2>&1 | tee $OUT/gpu_suite.log
 
-One H100 (2026-11-26) ran the whole suite in one such call, side by side, in 545 s with two
-children out of memory (experiments/results/gpu_h100_2026-11-26). Where a call ends with
+One H100 (2026-11-26) ran every part (profile included) in one such call in 545 s: 18
+compiles shared the device for 727 s, 18 timed sections held it for 90 s, and two children
+ran out of memory beside the large model's (experiments/results/gpu_h100_2026-11-26; the
+schedule above came after). Where a call ends with
 parts recorded as not run, copy the reply's ``gpu_suite_<device>.json`` (under files_at) into
 a folder .git/info/exclude ignores (``.gpu_prev/``), and the next call (carry it too) adds
 ``--resume=.gpu_prev/gpu_suite_<device>.json`` (with ``--parts`` the ones to finish): the probe
@@ -142,8 +142,11 @@ from versus_trl import git_state  # noqa: E402
 
 FLAGS = flags.FLAGS
 PARTS = ("step", "trl", "exhaustive", "large", "profile")
+DEFAULT_PARTS = PARTS[:-1]  # issue 15's measurements; the profiles diagnose, on request
 flags.DEFINE_bool("smoke", False, "Every part at tiny sizes on the CPU (seconds, not minutes).")
-flags.DEFINE_list("parts", list(PARTS), f"Parts to run, of {', '.join(PARTS)} (probe always).")
+flags.DEFINE_list(
+    "parts", list(DEFAULT_PARTS), f"Parts to run, of {', '.join(PARTS)} (probe always)."
+)
 flags.DEFINE_string(
     "out_dir",
     "",

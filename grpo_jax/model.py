@@ -19,6 +19,11 @@ out of every softmax, and positions count real tokens only (a prompt of n tokens
 positions 0..n-1 and its completion n, n+1, ...), so a prompt's logits do not depend on how
 much padding it got. Fixed-length prompts (mask all ones) take exactly the unmasked path.
 
+``attention`` (``model.attention``) picks how the full-sequence passes (prefill, extend and
+their backward) compute this softmax: ``shared_prefix`` as above, or one
+``jax.nn.dot_product_attention`` call per member over its concatenated keys (``cudnn``: the
+fused flash kernel on a CUDA GPU; ``xla``: the same call through XLA). Decode always shares.
+
 Params are float32; activations use ``dtype`` (float32 or bfloat16); logits come out float32.
 """
 
@@ -89,12 +94,53 @@ def _attention(q, pk, pv, pmask, sk, sv, self_mask, dtype):
     return (out / denom.transpose(0, 1, 3, 2)[..., None]).astype(dtype)
 
 
+ATTENTION = ("shared_prefix", "xla", "cudnn")  # model.attention's choices
+
+
+def _joint_attention(q, k, v, prefix, self_mask, implementation):
+    """The same softmax as ``_attention``, as one ``jax.nn.dot_product_attention`` call per
+    member over its concatenated [prompt ; own] keys, so that ``implementation="cudnn"`` runs
+    it as one fused (flash) kernel, forward and backward.
+
+    q/k/v: [B, G, T, h, d]; prefix: (pk, pv, pmask) as in ``_attention``, or None;
+    self_mask: broadcastable to [B, G, 1, T, T]. Returns [B, G, T, h, d].
+
+    The prompt's keys are copied to each member (cuDNN takes one key set per query batch),
+    and the mask travels as a bias: cuDNN's own masks are causal or trailing padding, while
+    prompts here are left-padded. Query and key lengths are padded to even lengths with
+    masked slots (cuDNN's flash kernel with a bias in training takes only even lengths).
+    Two partial attentions merged by their log-sum-exps would avoid the copies, but jax's
+    cuDNN backward drops the log-sum-exp's cotangent, so their gradients would be wrong.
+    """
+    b, g, t, nh, hd = q.shape
+    mask = jnp.broadcast_to(self_mask, (b, g, 1, t, t))
+    if prefix is not None:
+        pk, pv, pmask = prefix
+        p = pk.shape[2]
+        share = lambda x: jnp.broadcast_to(x.transpose(0, 2, 1, 3)[:, None], (b, g, p, nh, hd))
+        k = jnp.concatenate([share(pk), k], axis=2)
+        v = jnp.concatenate([share(pv), v], axis=2)
+        pm = jnp.broadcast_to(pmask[:, None, None, None, :], (b, g, 1, t, p))
+        mask = jnp.concatenate([pm, mask], axis=-1)
+    s = k.shape[2]
+    tp, sp = t + t % 2, s + s % 2
+    q = jnp.pad(q, [(0, 0), (0, 0), (0, tp - t), (0, 0), (0, 0)])
+    k, v = (jnp.pad(x, [(0, 0), (0, 0), (0, sp - s), (0, 0), (0, 0)]) for x in (k, v))
+    mask = jnp.pad(mask, [(0, 0)] * 3 + [(0, tp - t), (0, sp - s)])  # pads: False
+    fold = lambda x: x.reshape(b * g, *x.shape[2:])
+    out = jax.nn.dot_product_attention(
+        fold(q), fold(k), fold(v), mask=fold(mask), implementation=implementation
+    )
+    return out.reshape(b, g, tp, nh, hd)[:, :, :t]
+
+
 class Block(nn.Module):
     num_heads: int
     d_model: int
     mlp_ratio: int
     dropout: float
     dtype: Any
+    attention: str = "shared_prefix"
 
     @nn.compact
     def __call__(self, x, prefix, cache, index, deterministic, key_mask=None):
@@ -128,8 +174,15 @@ class Block(nn.Module):
             sk = jax.lax.dynamic_update_slice_in_dim(cache[0], k.astype(cache[0].dtype), index, 3)
             sv = jax.lax.dynamic_update_slice_in_dim(cache[1], v.astype(cache[1].dtype), index, 3)
             mask = (jnp.arange(sk.shape[3]) <= index)[None, :]
-        pk, pv, pm = prefix if prefix is not None else (None, None, None)
-        att = _attention(q, pk, pv, pm, sk, sv, mask, self.dtype).reshape(x.shape)
+        if cache is None and self.attention != "shared_prefix":
+            # decode keeps the shared-prefix path: one query per member would copy the
+            # prompt's keys per member at every step, multiplying decode's memory traffic
+            q3, k3, v3 = (qkv[..., i, :, :] for i in range(3))
+            att = _joint_attention(q3, k3, v3, prefix, mask, self.attention)
+        else:
+            pk, pv, pm = prefix if prefix is not None else (None, None, None)
+            att = _attention(q, pk, pv, pm, sk, sv, mask, self.dtype)
+        att = att.reshape(x.shape)
         x = x + drop(dense(self.d_model, "proj")(att))
 
         h = nn.LayerNorm(dtype=self.dtype, param_dtype=jnp.float32, name="ln2")(x)
@@ -149,6 +202,7 @@ class Transformer(nn.Module):
     max_len: int = 170
     dropout: float = 0.0
     dtype: Any = jnp.float32
+    attention: str = "shared_prefix"  # one of ATTENTION: the full-sequence passes' attention
 
     def setup(self):
         if self.d_model % self.num_heads:
@@ -166,7 +220,14 @@ class Transformer(nn.Module):
             "pos_embedding", nn.initializers.normal(0.02), (self.max_len, self.d_model)
         )
         self.blocks = [
-            Block(self.num_heads, self.d_model, self.mlp_ratio, self.dropout, self.dtype)
+            Block(
+                self.num_heads,
+                self.d_model,
+                self.mlp_ratio,
+                self.dropout,
+                self.dtype,
+                self.attention,
+            )
             for _ in range(self.num_layers)
         ]
         self.ln_f = nn.LayerNorm(dtype=self.dtype, param_dtype=jnp.float32)
@@ -253,6 +314,7 @@ def make_model(model_cfg, vocab_size: int, max_len: int) -> Transformer:
         max_len=max_len,
         dropout=model_cfg.dropout,
         dtype=DTYPES[model_cfg.dtype],
+        attention=model_cfg.attention,
     )
 
 

@@ -12,7 +12,10 @@ import dataclasses
 import math
 from typing import Any
 
+import jax
+
 from grpo_jax import objective
+from grpo_jax.model import ATTENTION
 from grpo_jax.rollout import SamplingParams
 
 GROUP_MODES = ("sampled", "exhaustive", "guided", "adaptive", "pruned", "hierarchical")
@@ -21,6 +24,7 @@ CONTINUATION_CREDITS = ("position", "return")
 ESTIMATORS = ("uniform", "expected")
 GUIDES = ("reference", "policy")
 CPU_BUFFERS = ("retain", "release")  # grpo_jax/host.py
+HALF = ("bfloat16", "float16")
 
 
 def require(ok: bool, field: str, value: Any, valid: str) -> None:
@@ -322,6 +326,7 @@ class ModelSpec:
     mlp_ratio: int
     dropout: float
     dtype: str
+    attention: str = "shared_prefix"
 
     @classmethod
     def from_config(cls, m) -> ModelSpec:
@@ -334,6 +339,7 @@ class ModelSpec:
             dtype=choice(
                 "model.dtype", m.get("dtype", "float32"), ("float32", "bfloat16", "float16")
             ),
+            attention=choice("model.attention", m.get("attention", "shared_prefix"), ATTENTION),
         )
         require(
             spec.d_model % spec.num_heads == 0,
@@ -341,7 +347,22 @@ class ModelSpec:
             spec.d_model,
             f"must be divisible by model.num_heads={spec.num_heads}",
         )
+        if spec.attention == "cudnn":
+            spec.check_cudnn()
         return spec
+
+    def check_cudnn(self) -> None:
+        """jax's cuDNN flash attention takes a CUDA GPU, half precision and a head dimension
+        that is a multiple of 8 (at most 128 before Hopper, 256 after: jax names that one)."""
+        backend, hd = jax.default_backend(), self.d_model // self.num_heads
+        for ok, need in (
+            (backend == "gpu", f"a CUDA GPU, not {backend}"),
+            (self.dtype in HALF, f"model.dtype bfloat16 or float16, not {self.dtype}"),
+            (hd % 8 == 0, f"a head dimension (model.d_model / model.num_heads = {hd}) that is "
+             "a multiple of 8"),
+        ):  # fmt: skip
+            fix = "else use model.attention='shared_prefix' (any device) or 'xla'"
+            require(ok, "model.attention", "cudnn", f"needs {need}; {fix}")
 
 
 @dataclasses.dataclass(frozen=True)

@@ -143,6 +143,11 @@ CASES = {
     "d_model_0": ([*SHAKESPEARE, "--config.model.d_model=0"], ["model.d_model=0"]),
     "d_model_indivisible": ([*SHAKESPEARE, "--config.model.d_model=33"], ["num_heads"]),
     "num_layers_0": ([*SHAKESPEARE, "--config.model.num_layers=0"], ["model.num_layers=0"]),
+    "attention_unknown": ([*SHAKESPEARE, "--config.model.attention=flash"], ["shared_prefix"]),
+    "attention_cudnn_on_cpu": (
+        [*SHAKESPEARE, "--config.model.attention=cudnn", "--config.model.dtype=bfloat16"],
+        ["model.attention='cudnn' needs a CUDA GPU, not cpu", "'shared_prefix'"],
+    ),
     "eval_batch_size_0": ([*SHAKESPEARE, "--config.eval.batch_size=0"], ["eval.batch_size=0"]),
     "shakespeare_top_k_over_vocab": (
         [*SHAKESPEARE, "--config.group.top_k=1000"],

@@ -220,3 +220,72 @@ def test_completions_stop_at_eos_and_mask_the_rest(model_params):
     # the same uniforms without a stop token: identical up to each member's EOS
     free, _, _, _, _ = _rollout(m, p, ctx, forced, u, ro.SamplingParams(2.0))
     np.testing.assert_array_equal(np.where(mask > 0, tokens, -1), np.where(mask > 0, free, -1))
+
+
+@pytest.mark.usefixtures("fast_compiles")
+def test_joint_attention_equals_the_shared_prefix_path_with_its_gradients():
+    """model.attention="xla" (one jax.nn.dot_product_attention call per member over its
+    [prompt ; own] keys, the call cuDNN fuses) gives the shared-prefix path's logits and
+    parameter gradients: left-padded prompts of three lengths (fully masked pad queries in
+    the prefill), odd lengths (the prefill's 7 queries and keys, the extend's 5 queries),
+    padded to even with masked slots."""
+    kw = dict(vocab_size=V, num_layers=2, num_heads=2, d_model=16, max_len=12)
+    shared, joint = Transformer(**kw), Transformer(**kw, attention="xla")
+    p = init_params(shared, jax.random.PRNGKey(0))
+    ctx = jax.random.randint(jax.random.PRNGKey(1), (3, 7), 0, V)
+    mask = (jnp.arange(7)[None] >= jnp.array([[0], [2], [5]])).astype(jnp.float32)
+    gen = jax.random.randint(jax.random.PRNGKey(2), (3, G, 6), 0, V)
+
+    def loss(params, m):
+        first, logits = group_logits(m, params, ctx, gen, mask)
+        return jnp.sum(jnp.sin(logits)) + jnp.sum(jnp.cos(first)), logits
+
+    grad = jax.jit(jax.value_and_grad(loss, has_aux=True), static_argnums=1)
+    (want, want_logits), want_grad = grad(p, shared)
+    (got, got_logits), got_grad = grad(p, joint)
+    chex.assert_shape(got_logits, (3, G, 6, V))
+    np.testing.assert_allclose(got_logits, want_logits, atol=2e-5)
+    np.testing.assert_allclose(got, want, rtol=1e-5)
+    for g_got, g_want in zip(jax.tree.leaves(got_grad), jax.tree.leaves(want_grad), strict=True):
+        np.testing.assert_allclose(g_got, g_want, atol=2e-5, rtol=1e-4)
+
+
+def test_cudnn_attention_lowers_for_a_cuda_gpu(monkeypatch):
+    """model.attention="cudnn" lowers, forward and backward, to cuDNN's fused attention for a
+    CUDA GPU, checked here without one (jax.export for the "cuda" platform, the cuDNN version
+    query stubbed): jax's own shape checks pass, an odd extend length (7) included, which the
+    flash kernel with a bias rejects in training unless padded."""
+    fa = pytest.importorskip("jax._src.cudnn.fused_attention_stablehlo")
+    if not hasattr(fa, "check_cudnn_version"):
+        pytest.skip("this jax checks cuDNN elsewhere")
+    monkeypatch.setattr(fa, "check_cudnn_version", lambda: 91000)
+    kw = dict(vocab_size=V, num_layers=2, num_heads=2, d_model=64, max_len=14)
+    m = Transformer(**kw, dtype=jnp.bfloat16, attention="cudnn")
+    p = init_params(Transformer(**kw), jax.random.PRNGKey(0))  # init runs eagerly, on the CPU
+    ctx, gen = jnp.zeros((2, 6), jnp.int32), jnp.zeros((2, G, 8), jnp.int32)
+    mask = jnp.ones((2, 6))
+    loss = lambda params: jnp.sum(group_logits(m, params, ctx, gen, mask)[1])
+    targets = ("__cudnn$fmhaScaleBiasSoftmax", "__cudnn$fmhaScaleBiasSoftmaxBackward")
+    checks = [jax.export.DisabledSafetyCheck.custom_call(t) for t in targets]
+    text = jax.export.export(jax.jit(jax.grad(loss)), platforms=["cuda"], disabled_checks=checks)(
+        p
+    ).mlir_module()
+    # 2 layers x (prefill, extend) x (forward, backward); the decode loop is not in this loss
+    assert text.count(f"@{targets[0]}(") == 4 and text.count(f"@{targets[1]}(") == 4
+
+
+def test_cudnn_attention_is_checked_up_front(monkeypatch):
+    """The cuDNN path's requirements are config errors, each naming the fix."""
+    from ml_collections import ConfigDict
+
+    from grpo_jax import specs
+
+    monkeypatch.setattr(specs.jax, "default_backend", lambda: "gpu")
+    base = dict(num_layers=1, num_heads=4, d_model=128, mlp_ratio=4, attention="cudnn")
+    assert specs.ModelSpec.from_config(ConfigDict({**base, "dtype": "bfloat16"})).attention
+    with pytest.raises(ValueError, match="needs model.dtype bfloat16 or float16, not float32"):
+        specs.ModelSpec.from_config(ConfigDict({**base, "dtype": "float32"}))
+    with pytest.raises(ValueError, match=r"model.num_heads = 12\) that is a multiple of 8"):
+        specs.ModelSpec.from_config(
+            ConfigDict({**base, "dtype": "float16", "d_model": 120, "num_heads": 10})
+        )
