@@ -11,11 +11,10 @@ with one H100's figures). Side by side, the children take turns on the device th
 experiments/device_lock.py: a child's timed calls (warm-up included) hold it alone, its
 compiles share it, so each timing sees an idle device while the next children compile
 (the record's ``device_lock``: how long each kind held and waited; no timed section may
-overlap another process's). JAX does not
-preallocate with several children (XLA_PYTHON_CLIENT_PREALLOCATE=false; each may still grow
-to 92 % of the device), and all of them share one compilation cache in the run's temporary
-directory (the profile part compiles its own: its XLA flags, command buffers off, are part
-of the cache key). ``--jobs=1`` runs them one at a time.
+overlap another process's). JAX does not preallocate with several children (each may grow to
+92 % of the device), and all of them share one compilation cache in the run's temporary
+directory (the profiles compile their own: their XLA flags, command buffers off, are part of
+the cache key). ``--jobs=1`` runs them one at a time.
 
 - ``probe``: the device (device_kind, platform, count), jax / jaxlib versions and the float32
   matmul precision (``jax_default_matmul_precision``: unset = DEFAULT, under which XLA runs
@@ -23,9 +22,8 @@ of the cache key). ``--jobs=1`` runs them one at a time.
   is then TF32's). It builds no step: each benchmark.py child counts its own step's matmul
   FLOPs and its two halves' (``step.rollout``, ``step.update``) by tracing them.
 - ``peak``: the measured matmul peak at large shapes (``measure.matmul_peak``: plain matmuls,
-  nothing else in the program), one process per dtype with its own time limit: on one H200
-  (2026-11-26) an earlier peak loop's bfloat16 compile outlasted the probe's 300 s when the
-  probe measured both, and the record lost its device.
+  nothing else in the program), one process per dtype with its own time limit (on one H200 a
+  bfloat16 peak inside the probe outlasted its 300 s, and the record lost its device).
 - ``step``: the TRL-comparable GRPO step (4 x 4 x 128 char GPT, 8 prompts x G = 8, context
   100, horizon 70, mu = 1, beta = 0.04, frozen-policy reference with k3, reward ``match``),
   ``experiments/benchmark.py`` in float32 and bfloat16 compute (params float32): s/step,
@@ -36,15 +34,16 @@ of the cache key). ``--jobs=1`` runs them one at a time.
   where torch / transformers / trl / datasets do not import it records
   ``{"skipped": reason}``.
 - ``exhaustive``: exhaustive GRPO iterations at the guide's settings (B = 8, context 100,
-  horizon 70) for V = 65, 256, 1,000 and 50,000 (``experiments/scaling.py --one_run``, one
-  subprocess per V, chunks chosen for an 80 GB GPU), with the frozen-policy KL reference and
-  k3: time per iteration, peak bytes, MFU, and the guide's 6 s / 12 GB, 24 s / 48 GB,
-  95 s / 190 GB and "infeasible" beside them.
+  horizon 70) for V = 65, 256, 1,000 and 50,000 (``scaling.py --one_run``, one process per V,
+  chunks for an 80 GB GPU), with the frozen-policy KL reference and k3: time per iteration,
+  peak bytes, MFU, beside the guide's 6 s / 12 GB, 24 s / 48 GB, 95 s / 190 GB, "infeasible".
 - ``large``: a 12-layer x 768 x 12-head char GPT, context 256, horizon 128, G = 16, bfloat16
-  compute, through benchmark.py at 16 and 32 prompts per step (256 and 512 sequences per
-  decode step; keyed by prompts): MFU of the rollout and of the update separately
-  (benchmark.py's ``breakdown`` times; its own FLOP counts of each half), and the rollout's
-  floor on the device's nominal peak and HBM bandwidth (gpu_suite_parts.rollout_floor).
+  compute, through benchmark.py at 16 and 32 prompts per step (keyed by prompts): MFU of the
+  rollout and of the update separately (benchmark.py's ``breakdown`` times and FLOP counts of
+  each half), and the rollout's floor on the device's nominal peak and HBM bandwidth
+  (gpu_suite_parts.rollout_floor).
+- ``attention`` (on request): the large model at 16 prompts with ``model.attention=cudnn``
+  (cuDNN's fused attention in the full-sequence passes), to set beside ``large``'s.
 - ``profile`` (on request): ``experiments/profile_step.py`` in bfloat16 on the step above and
   on the large model: a jax.profiler trace, busy time by stage (rollout's decode loop,
   reference, update's forward / backward) and by kind of work (dense and batched matmuls,
@@ -52,23 +51,21 @@ of the cache key). ``--jobs=1`` runs them one at a time.
   tracks' kernels (by their ``hlo_op``), with XLA's command buffers off.
 
 MFU = matmul FLOPs (every dot_general executed, loops and the backward pass's recomputation
-included) / time / peak, against both the device's nominal dense peak for the dtype (a table
-by device_kind: H100 SXM and H200 989 TFLOP/s bf16, 494 TF32, 67 fp32; A100 312 / 156 /
-19.5; none on a CPU) and the peak measured here. Targets (one H100): the step >= 20x TRL's;
+included) / time / peak, against both the device's nominal dense peak for the dtype
+(gpu_suite_parts' table by device_kind; none on a CPU) and the peak measured here. Targets (one H100): the step >= 20x TRL's;
 exhaustive V <= 1,000 >= 20x faster and >= 5x less memory than the guide; V = 50,000 in
 <= 60 s per iteration within 80 GB; rollout MFU >= 20 % on the large model; the whole suite
 in under 8 minutes. Each is reported as value, threshold and met (true / false / "n/a").
 
-This file is the CLI (flags, running the children, main); each part's sizes are in
-gpu_suite_plan.py, the commands, the probe and MFU in gpu_suite_parts.py, the figures, targets
-and JSON in gpu_suite_report.py, the markdown in gpu_suite_markdown.py.
+This file is the CLI; the sizes are in gpu_suite_plan.py, the commands, probe and MFU in
+gpu_suite_parts.py, figures, targets and JSON in gpu_suite_report.py, markdown in _markdown.
 
 Writes ``<out_dir>/gpu_suite_<device>.json`` and ``.md`` (``--name`` overrides the
 basename), rewritten after every measurement (``"complete": false`` until the end, so a run
 cut off by a time limit leaves what it measured); exits 1 when a part failed (after writing
-both). ``--parts`` picks the parts (the probe always runs): by default all but ``profile``,
-whose two traces (each its own compile, command buffers off) explain a measurement rather
-than make one of the issue's; ``--parts=profile`` (with ``--resume``) adds them.
+both). ``--parts`` picks the parts (the probe always runs): by default issue 15's four;
+``attention`` and ``profile`` explain a measurement rather than make one of the issue's, each
+child a compile of its own, and run when named (``--resume`` adds them to a record).
 
 ``--smoke``: the parts at tiny sizes on the CPU (JAX_PLATFORMS=cpu, XLA's cheap compiles),
 two at a time with the device lock, into a fresh temporary directory unless --out_dir is
@@ -141,8 +138,8 @@ from gpu_suite_plan import MEMORY_SHARE, plan, schedule  # noqa: E402
 from versus_trl import git_state  # noqa: E402
 
 FLAGS = flags.FLAGS
-PARTS = ("step", "trl", "exhaustive", "large", "profile")
-DEFAULT_PARTS = PARTS[:-1]  # issue 15's measurements; the profiles diagnose, on request
+PARTS = ("step", "trl", "exhaustive", "large", "attention", "profile")
+DEFAULT_PARTS = PARTS[:4]  # issue 15's measurements; an A/B and the profiles on request
 flags.DEFINE_bool("smoke", False, "Every part at tiny sizes on the CPU (seconds, not minutes).")
 flags.DEFINE_list(
     "parts", list(DEFAULT_PARTS), f"Parts to run, of {', '.join(PARTS)} (probe always)."

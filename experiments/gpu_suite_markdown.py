@@ -44,6 +44,10 @@ def markdown(raw: dict) -> str:
         lines += ["", "## Larger model: where the framework stands when the GPU is busy"]
         for batch, large in res["large"].items():
             lines += large_section(large, batch)
+    if res.get("attention"):
+        lines += ["", "## Larger model with cuDNN's fused attention (`model.attention`)"]
+        for batch, large in res["attention"].items():
+            lines += large_section(large, batch)
     for name, prof in (res.get("profile") or {}).items():
         lines += profile_section(prof, name)
     lines += ["", "## Commands", ""]

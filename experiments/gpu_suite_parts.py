@@ -211,8 +211,9 @@ def jobs_of(p: dict, parts, trl_python: str) -> list:
         jobs += trl_jobs(p, trl_python)
     if "exhaustive" in parts:
         jobs += exhaustive_jobs(p["exhaustive"])
-    if "large" in parts:
-        jobs += large_jobs(p["large"])
+    for part in ("large", "attention"):
+        if part in parts:
+            jobs += large_jobs(p[part], part)
     if "profile" in parts:
         jobs += profile_jobs(p["profile"])
     for job in jobs:  # the scheduler's hints (gpu_suite_plan.schedule)
@@ -288,11 +289,11 @@ def exhaustive_jobs(cfg: dict) -> list:
     return jobs
 
 
-def large_jobs(cfg: dict) -> list:
+def large_jobs(cfg: dict, part: str = "large") -> list:
     """benchmark.py on the large model at each of the plan's prompts per step, keyed by it."""
     jobs = []
     for batch in cfg["batches"]:
         overrides = {**cfg["overrides"], "train.batch_size": batch}
         cfg_b = {**cfg, "overrides": overrides}
-        jobs.append(bench_job("large", cfg_b, overrides["model.dtype"], key=str(batch)))
+        jobs.append(bench_job(part, cfg_b, overrides["model.dtype"], key=str(batch)))
     return jobs

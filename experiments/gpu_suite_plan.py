@@ -60,6 +60,7 @@ H100_EXPECT = {
     "large 32": (250, 47.9e9),
     "profile step": (80, 0.3e9),
     "profile large": (78, 24.7e9),  # alone (call 2); the bytes are large 16's (the same step)
+    "attention 16": (138, 24.7e9),  # unmeasured: large 16's figures
 }
 # the share of a process's memory limit (XLA_PYTHON_CLIENT_MEM_FRACTION of the device) that
 # the children running at once may expect to peak at together: the peaks are the allocators'
@@ -149,6 +150,15 @@ def gpu_plan() -> dict:
             "args": ("--warmup=1", "--steps=3", "--breakdown_runs=2"),
             "timeout": 420,
         },
+        # on request: the large model at 16 prompts with cuDNN's fused attention in its
+        # full-sequence passes (model.attention=cudnn), beside the large part's shared prefix
+        "attention": {
+            "variant": "sampled",
+            "overrides": {**LARGE, "model.attention": "cudnn"},
+            "batches": (16,),
+            "args": ("--warmup=1", "--steps=3", "--breakdown_runs=2"),
+            "timeout": 420,
+        },
         # where the time goes (profile_step.py), in the compute dtype GPUs run: the step above,
         # and the large model, whose rollout reached 5 % of the H200's bf16 peak (decode-bound
         # or not is what its profile answers)
@@ -169,6 +179,8 @@ def gpu_plan() -> dict:
 def smoke_plan() -> dict:
     """Tiny sizes on the CPU through the same code paths (--smoke)."""
     tiny = {"train.batch_size": 2}
+    small = {**LARGE, **tiny, "model.num_layers": 2, "model.num_heads": 2, "model.d_model": 64}
+    small.update({"data.context_len": 32, "data.horizon": 16, "group.size": 4})
     return {
         "dtypes": ("float32", "bfloat16"),
         "peak_shapes": ((256, 256, 256),),
@@ -204,18 +216,16 @@ def smoke_plan() -> dict:
         },
         "large": {
             "variant": "tiny,sampled",
-            "overrides": {
-                **LARGE,
-                **tiny,
-                "model.num_layers": 2,
-                "model.num_heads": 2,
-                "model.d_model": 64,
-                "data.context_len": 32,
-                "data.horizon": 16,
-                "group.size": 4,
-            },
+            "overrides": small,
             "batches": (2,),  # one: the GPU plan's second is the same code path
             "args": ("--warmup=1", "--steps=2", "--breakdown_runs=1"),
+            "timeout": 240,
+        },
+        "attention": {  # cuDNN's path through XLA: a CPU has no cuDNN
+            "variant": "tiny,sampled",
+            "overrides": {**small, "model.attention": "xla"},
+            "batches": (2,),
+            "args": ("--warmup=1", "--steps=1", "--breakdown_runs=1"),
             "timeout": 240,
         },
         "profile": {

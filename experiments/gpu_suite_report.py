@@ -96,11 +96,12 @@ def assemble(jobs: list) -> tuple[dict, dict]:
         results["exhaustive"] = {
             v: exhaustive_figures(r, int(v), info) for v, r in by_part["exhaustive"].items()
         }
-    if "large" in by_part:  # keyed by prompts per step
-        results["large"] = {
-            b: bench_figures(r, r.get("overrides", {}).get("model.dtype"), info)  # None: error
-            for b, r in by_part["large"].items()
-        }
+    for part in ("large", "attention"):  # keyed by prompts per step
+        if part in by_part:
+            results[part] = {
+                b: bench_figures(r, r.get("overrides", {}).get("model.dtype"), info)  # None: error
+                for b, r in by_part[part].items()
+            }
     if "profile" in by_part:
         results["profile"] = by_part["profile"]
     wall = {part: sum(r.get("wall_s", 0.0) for r in rs.values()) for part, rs in by_part.items()}

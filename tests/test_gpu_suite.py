@@ -21,7 +21,7 @@ def positive(x) -> bool:
 def test_gpu_suite_smoke(tmp_path, shakespeare_path):
     env = {**os.environ, "GRPO_JAX_DATA": str(shakespeare_path), "JAX_PLATFORMS": "cpu"}
     cmd = [sys.executable, "experiments/gpu_suite.py", "--smoke", f"--out_dir={tmp_path}"]
-    cmd.append("--parts=step,trl,exhaustive,large,profile")  # profile: only when named
+    cmd.append("--parts=step,trl,exhaustive,large,attention,profile")  # the last two: named
     done = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
     (js,) = tmp_path.glob("gpu_suite_*.json")
@@ -37,7 +37,8 @@ def test_gpu_suite_smoke(tmp_path, shakespeare_path):
         assert positive(device["measured_peak"][dtype]["flops_per_s"])
         assert device["measured_peak"][dtype] == res["probe"]["measured_peak"][dtype]
         assert "--child=peak" in res["peak"][dtype]["command"]
-    assert set(res) == {"probe", "peak", "step", "trl", "exhaustive", "large", "profile"}
+    assert set(res) == {"probe", "peak", "step", "trl", "exhaustive", "large", "attention",
+                        "profile"}  # fmt: skip
     assert set(raw["part_wall_s"]) == set(res) and positive(raw["wall_s"])
     # two children at a time: every measuring child took the device lock, and no timed
     # section shared the device (peak x2, step, V x2, large, profile; TRL where installed)
@@ -68,6 +69,8 @@ def test_gpu_suite_smoke(tmp_path, shakespeare_path):
     assert list(res["large"]) == ["2"]  # keyed by prompts per step
     check_bench(res["large"]["2"], "bfloat16")
     assert "--config.model.num_layers=2" in res["large"]["2"]["command"]
+    check_bench(res["attention"]["2"], "bfloat16")  # the same model, cuDNN's path through XLA
+    assert "--config.model.attention=xla" in res["attention"]["2"]["command"]
 
     assert set(res["trl"]) == {"float32", "bfloat16"}
     for r in res["trl"].values():  # skipped where torch/trl are absent (this env), else run
@@ -93,11 +96,12 @@ def test_gpu_suite_smoke(tmp_path, shakespeare_path):
     assert positive(prof["thunk_ms_per_step"]) and positive(prof["wall_ms_per_step"])
     assert positive(prof["by_kind"]["matmul"]) and positive(prof["matmul_gflop_per_step"]["matmul"])
     assert {"rollout: decode loop", "update: backward"} <= set(prof["by_stage"])
-    # probe, peak x2, step, trl x2, V x2, large, profile
-    assert len(raw["commands"]) == 1 + 2 + 1 + 2 + 2 + 1 + 1
+    # probe, peak x2, step, trl x2, V x2, large, attention, profile
+    assert len(raw["commands"]) == 1 + 2 + 1 + 2 + 2 + 1 + 1 + 1
     text = md.read_text()
     for heading in ("## Targets", "## GRPO step", "## TRL GRPOTrainer", "## Exhaustive GRPO",
-                    "## Larger model", "## Where the GRPO step's time goes (step, float32",
+                    "## Larger model", "## Larger model with cuDNN's fused attention",
+                    "## Where the GRPO step's time goes (step, float32",
                     "## Commands"):  # fmt: skip
         assert heading in text, heading
     assert device["jax"] in text and device["device_kind"] in text
@@ -129,7 +133,7 @@ def check_resume(js: Path, env: dict):
     for r in records:  # a skip (TRL not installed here) is asked again, never kept
         assert r.get("resumed_from") == (None if "skipped" in r else str(js)), r
         assert "skipped" in r or r["measured_at"] == first["git"]
-    assert sum("resumed_from" in r for r in records) >= 7  # peak x2, step, V x2, large, profile
+    assert sum("resumed_from" in r for r in records) >= 8  # peak x2, step, V x2, large, ...
     assert (
         again["results"]["step"]["float32"]["median_step_s"]
         == (first["results"]["step"]["float32"]["median_step_s"])
@@ -142,7 +146,8 @@ def check_resume(js: Path, env: dict):
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
     rerun = json.loads((js.parent / "rerun.json").read_text())["child_records"]
     kept = {r["part"] for r in rerun if "resumed_from" in r["result"]}
-    assert {"peak", "step", "large", "profile"} <= kept and "exhaustive" not in kept
+    assert {"peak", "step", "large", "attention", "profile"} <= kept
+    assert "exhaustive" not in kept
     assert sum(r["part"] == "exhaustive" and "median_step_s" in r["result"] for r in rerun) == 2
     for bad, line in (
         (["--rerun=exhaustive"], "error: --rerun needs --resume=FILE"),
@@ -361,6 +366,7 @@ def test_the_schedule_starts_the_longest_first_and_never_overfills_memory():
     assert over == [{"giant 1": 1e12}]  # alone when it started, and nothing started beside it
     assert not any({"large 16", "large 32"} <= set(r) for r in at_start)
     assert not any({"profile large", "large 32"} <= set(r) for r in at_start)
+    assert not any({"attention 16", "large 32"} <= set(r) for r in at_start)
 
 
 def test_the_rollout_floor_counts_the_decode_loops_reads_by_hand():
