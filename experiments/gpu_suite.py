@@ -52,10 +52,11 @@ the cache key). ``--jobs=1`` runs them one at a time.
 
 MFU = matmul FLOPs (every dot_general executed, loops and the backward pass's recomputation
 included) / time / peak, against both the device's nominal dense peak for the dtype
-(gpu_suite_parts' table by device_kind; none on a CPU) and the peak measured here. Targets (one H100): the step >= 20x TRL's;
-exhaustive V <= 1,000 >= 20x faster and >= 5x less memory than the guide; V = 50,000 in
-<= 60 s per iteration within 80 GB; rollout MFU >= 20 % on the large model; the whole suite
-in under 8 minutes. Each is reported as value, threshold and met (true / false / "n/a").
+(gpu_suite_parts' table by device_kind; none on a CPU) and the peak measured here. Targets
+(one H100): the step >= 20x TRL's; exhaustive V <= 1,000 >= 20x faster and >= 5x less memory
+than the guide; V = 50,000 in <= 60 s per iteration within 80 GB; rollout MFU >= 20 % on the
+large model; the whole suite in under 8 minutes. Each: value, threshold, met (true / false /
+"n/a").
 
 This file is the CLI; the sizes are in gpu_suite_plan.py, the commands, probe and MFU in
 gpu_suite_parts.py, figures, targets and JSON in gpu_suite_report.py, markdown in _markdown.
@@ -63,19 +64,18 @@ gpu_suite_parts.py, figures, targets and JSON in gpu_suite_report.py, markdown i
 Writes ``<out_dir>/gpu_suite_<device>.json`` and ``.md`` (``--name`` overrides the
 basename), rewritten after every measurement (``"complete": false`` until the end, so a run
 cut off by a time limit leaves what it measured); exits 1 when a part failed (after writing
-both). ``--parts`` picks the parts (the probe always runs): by default issue 15's four;
-``attention`` and ``profile`` explain a measurement rather than make one of the issue's, each
-child a compile of its own, and run when named (``--resume`` adds them to a record).
+both). ``--parts``: by default issue 15's four (and the probe); ``attention`` and ``profile``
+explain a measurement, each child a compile of its own, so they run when named.
 
 ``--smoke``: the parts at tiny sizes on the CPU (JAX_PLATFORMS=cpu, XLA's cheap compiles),
 two at a time with the device lock, into a fresh temporary directory unless --out_dir is
 given: the step in float32 only (bfloat16 runs in the large part, 2 layers x 64), V = 65 and
-256 (chunked) on 1 layer; targets "n/a (smoke)". tests/test_gpu_suite.py runs all five.
+256 (chunked) on 1 layer; targets "n/a (smoke)". tests/test_gpu_suite.py runs all six.
 
-On a GPU machine lent to a session (/work/.library/device/README.md: one call runs at most
-600 s, 15 minutes of device time a session, a machine's start included): its image has jax,
-flax, optax, orbax, torch, transformers, accelerate, tokenizers, absl, pyarrow, but not
-ml_collections, tensorboardX, trl or datasets (nor datasets' dill and multiprocess). Here, in
+On a lent GPU machine (one call at most 600 s, 15 minutes of device time a session, a
+machine's start included): its image has jax, flax, optax, orbax, torch, transformers,
+accelerate, tokenizers, absl, pyarrow, but not ml_collections, tensorboardX, trl or datasets
+(nor datasets' dill and multiprocess). Here, in
 the repo root, once (datasets 5.2 wants pyarrow >= 24, 4.8 >= 21: the run installs the one the
 image's pyarrow allows):
 
@@ -101,9 +101,9 @@ inside the call, the parts that did not fit recorded as not run):
 One H100 (2026-11-26) ran every part (profile included) in one such call in 545 s: 18
 compiles shared the device for 727 s, 18 timed sections held it for 90 s, and two children
 ran out of memory beside the large model's (experiments/results/gpu_h100_2026-11-26; the
-schedule above came after). Where a call ends with
-parts recorded as not run, copy the reply's ``gpu_suite_<device>.json`` (under files_at) into
-a folder .git/info/exclude ignores (``.gpu_prev/``), and the next call (carry it too) adds
+schedule above came after). Where a call ends with parts recorded as not run, copy the
+reply's ``gpu_suite_<device>.json`` (under files_at) into a folder .git/info/exclude ignores
+(``.gpu_prev/``), and the next call (carry it too) adds
 ``--resume=.gpu_prev/gpu_suite_<device>.json`` (with ``--parts`` the ones to finish): the probe
 runs again, every measurement recorded there without an error is kept, the rest run. Then copy
 the last call's ``.json`` and ``.md`` into experiments/results/ and commit those two paths.
