@@ -47,6 +47,7 @@ MUTABLE = (
     "distributed",
     "cpu_buffers",
     "data.path",  # the file may move; its content is the checkpoint's data digest's business
+    "model.attention",  # how attention runs (same softmax); absent from older records
 )
 
 

@@ -182,6 +182,27 @@ def test_checkpoint_of_another_model_shape_is_refused_untouched(tiny_run, env):
     assert (workdir / "metrics.jsonl").read_bytes() == metrics
 
 
+def test_a_resume_may_change_how_attention_runs_not_the_model(tmp_path):
+    """model.attention says how the same softmax runs: a record without it (written before it
+    existed) or with another value resumes, the change returned for config_history.jsonl; a
+    changed width is still refused."""
+    import json
+
+    from grpo_jax.configs.shakespeare import get_config
+    from grpo_jax.run_config import check_resume
+
+    config = get_config("tiny")
+    old = json.loads(config.to_json_best_effort())
+    del old["model"]["attention"]
+    (tmp_path / "config.json").write_text(json.dumps(old))
+    assert check_resume(tmp_path, config) == {"model.attention": (None, "shared_prefix")}
+    config.model.attention = "xla"
+    assert check_resume(tmp_path, config) == {"model.attention": (None, "xla")}
+    config.model.d_model = 64
+    with pytest.raises(ValueError, match=r"model.d_model=\d+ \(now 64\)"):
+        check_resume(tmp_path, config)
+
+
 def test_unreadable_checkpoints_are_one_line_without_loop_tracebacks(tiny_run, env, tmp_path):
     """Every step's manifest emptied: --mode=eval ends in one line, and none of the
     "RuntimeError: Event loop is closed" tracebacks tensorstore's late callbacks used to print
