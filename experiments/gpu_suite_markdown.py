@@ -45,7 +45,8 @@ def markdown(raw: dict) -> str:
         for batch, large in res["large"].items():
             lines += large_section(large, batch)
     if res.get("attention"):
-        lines += ["", "## Larger model with cuDNN's fused attention (`model.attention`)"]
+        # cudnn on a GPU; the smoke runs its path through XLA (the command names which)
+        lines += ["", "## Larger model, `model.attention` as its command sets it (GPU: cudnn)"]
         for batch, large in res["attention"].items():
             lines += large_section(large, batch)
     for name, prof in (res.get("profile") or {}).items():

@@ -100,7 +100,7 @@ def test_gpu_suite_smoke(tmp_path, shakespeare_path):
     assert len(raw["commands"]) == 1 + 2 + 1 + 2 + 2 + 1 + 1 + 1
     text = md.read_text()
     for heading in ("## Targets", "## GRPO step", "## TRL GRPOTrainer", "## Exhaustive GRPO",
-                    "## Larger model", "## Larger model with cuDNN's fused attention",
+                    "## Larger model", "## Larger model, `model.attention` as its command",
                     "## Where the GRPO step's time goes (step, float32",
                     "## Commands"):  # fmt: skip
         assert heading in text, heading
