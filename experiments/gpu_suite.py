@@ -64,8 +64,7 @@ gpu_suite_parts.py, figures, targets and JSON in gpu_suite_report.py, markdown i
 Writes ``<out_dir>/gpu_suite_<device>.json`` and ``.md`` (``--name`` overrides the
 basename), rewritten after every measurement (``"complete": false`` until the end, so a run
 cut off by a time limit leaves what it measured); exits 1 when a part failed (after writing
-both). ``--parts``: by default issue 15's four (and the probe); ``attention`` and ``profile``
-explain a measurement, each child a compile of its own, so they run when named.
+both). ``--parts``: by default all but ``ON_REQUEST``'s (each child a compile of its own).
 
 ``--smoke``: the parts at tiny sizes on the CPU (JAX_PLATFORMS=cpu, XLA's cheap compiles),
 two at a time with the device lock, into a fresh temporary directory unless --out_dir is
@@ -139,7 +138,8 @@ from versus_trl import git_state  # noqa: E402
 
 FLAGS = flags.FLAGS
 PARTS = ("step", "trl", "exhaustive", "large", "attention", "profile")
-DEFAULT_PARTS = PARTS[:4]  # issue 15's measurements; an A/B and the profiles on request
+ON_REQUEST = ("attention", "profile")  # explain a measurement rather than make one of the issue's
+DEFAULT_PARTS = tuple(p for p in PARTS if p not in ON_REQUEST)  # issue 15's measurements
 flags.DEFINE_bool("smoke", False, "Every part at tiny sizes on the CPU (seconds, not minutes).")
 flags.DEFINE_list(
     "parts", list(DEFAULT_PARTS), f"Parts to run, of {', '.join(PARTS)} (probe always)."

@@ -12,6 +12,8 @@ import shlex
 import sys
 from pathlib import Path
 
+from gpu_suite_plan import LARGE_PARTS
+
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 SUITE = HERE / "gpu_suite.py"  # the CLI; its --child=probe / peak run probe() / peak() below
@@ -211,7 +213,7 @@ def jobs_of(p: dict, parts, trl_python: str) -> list:
         jobs += trl_jobs(p, trl_python)
     if "exhaustive" in parts:
         jobs += exhaustive_jobs(p["exhaustive"])
-    for part in ("large", "attention"):
+    for part in LARGE_PARTS:
         if part in parts:
             jobs += large_jobs(p[part], part)
     if "profile" in parts:

@@ -37,6 +37,7 @@ LARGE = {
 # a pass over 85 M parameters for 256 rows; 32 doubles the rows each pass serves (its memory,
 # about twice 16's by the CPU plans above, is unmeasured on a GPU)
 LARGE_BATCHES = (16, 32)
+LARGE_PARTS = ("large", "attention")  # benchmark.py on that model, keyed by prompts per step
 
 
 # What each child took on one H100 (experiments/results/gpu_h100_2026-11-26: wall seconds
@@ -60,8 +61,8 @@ H100_EXPECT = {
     "large 32": (250, 47.9e9),
     "profile step": (80, 0.3e9),
     "profile large": (78, 24.7e9),  # alone (call 2); the bytes are large 16's (the same step)
-    "attention 16": (138, 24.7e9),  # unmeasured: large 16's figures
 }
+H100_EXPECT["attention 16"] = H100_EXPECT["large 16"]  # unmeasured: the same model's figures
 # the share of a process's memory limit (XLA_PYTHON_CLIENT_MEM_FRACTION of the device) that
 # the children running at once may expect to peak at together: the peaks are the allocators'
 # bytes in use, each process also holds its CUDA context, cuDNN workspaces and fragmentation
@@ -110,7 +111,14 @@ def schedule(jobs: list, workers: int, run, capacity: float | None = None) -> No
 
 def plan(smoke: bool) -> dict:
     """Every part's sizes: the issue's for a GPU, tiny ones (same code paths) for --smoke."""
-    return smoke_plan() if smoke else gpu_plan()
+    p = smoke_plan() if smoke else gpu_plan()
+    # on request: the large part's model at its first batch with cuDNN's fused attention in
+    # its full-sequence passes, beside the shared prefix (a CPU has no cuDNN: XLA's path)
+    large = p["large"]
+    setting = {"model.attention": "xla" if smoke else "cudnn"}
+    p["attention"] = {**large, "overrides": {**large["overrides"], **setting}}
+    p["attention"]["batches"] = large["batches"][:1]
+    return p
 
 
 def gpu_plan() -> dict:
@@ -150,15 +158,6 @@ def gpu_plan() -> dict:
             "args": ("--warmup=1", "--steps=3", "--breakdown_runs=2"),
             "timeout": 420,
         },
-        # on request: the large model at 16 prompts with cuDNN's fused attention in its
-        # full-sequence passes (model.attention=cudnn), beside the large part's shared prefix
-        "attention": {
-            "variant": "sampled",
-            "overrides": {**LARGE, "model.attention": "cudnn"},
-            "batches": (16,),
-            "args": ("--warmup=1", "--steps=3", "--breakdown_runs=2"),
-            "timeout": 420,
-        },
         # where the time goes (profile_step.py), in the compute dtype GPUs run: the step above,
         # and the large model, whose rollout reached 5 % of the H200's bf16 peak (decode-bound
         # or not is what its profile answers)
@@ -179,8 +178,6 @@ def gpu_plan() -> dict:
 def smoke_plan() -> dict:
     """Tiny sizes on the CPU through the same code paths (--smoke)."""
     tiny = {"train.batch_size": 2}
-    small = {**LARGE, **tiny, "model.num_layers": 2, "model.num_heads": 2, "model.d_model": 64}
-    small.update({"data.context_len": 32, "data.horizon": 16, "group.size": 4})
     return {
         "dtypes": ("float32", "bfloat16"),
         "peak_shapes": ((256, 256, 256),),
@@ -216,16 +213,18 @@ def smoke_plan() -> dict:
         },
         "large": {
             "variant": "tiny,sampled",
-            "overrides": small,
+            "overrides": {
+                **LARGE,
+                **tiny,
+                "model.num_layers": 2,
+                "model.num_heads": 2,
+                "model.d_model": 64,
+                "data.context_len": 32,
+                "data.horizon": 16,
+                "group.size": 4,
+            },
             "batches": (2,),  # one: the GPU plan's second is the same code path
             "args": ("--warmup=1", "--steps=2", "--breakdown_runs=1"),
-            "timeout": 240,
-        },
-        "attention": {  # cuDNN's path through XLA: a CPU has no cuDNN
-            "variant": "tiny,sampled",
-            "overrides": {**small, "model.attention": "xla"},
-            "batches": (2,),
-            "args": ("--warmup=1", "--steps=1", "--breakdown_runs=1"),
             "timeout": 240,
         },
         "profile": {

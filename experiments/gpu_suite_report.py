@@ -11,7 +11,7 @@ from pathlib import Path
 
 from gpu_suite_markdown import markdown
 from gpu_suite_parts import decode_bytes, rollout_floor, utilisation
-from gpu_suite_plan import SUITE_BUDGET_S
+from gpu_suite_plan import LARGE_PARTS, SUITE_BUDGET_S
 
 # the exhaustive-GRPO guide's figures: V -> (seconds per iteration, bytes); None = infeasible
 GUIDE = {65: (6.0, 12e9), 256: (24.0, 48e9), 1000: (95.0, 190e9), 50000: None}
@@ -96,7 +96,7 @@ def assemble(jobs: list) -> tuple[dict, dict]:
         results["exhaustive"] = {
             v: exhaustive_figures(r, int(v), info) for v, r in by_part["exhaustive"].items()
         }
-    for part in ("large", "attention"):  # keyed by prompts per step
+    for part in LARGE_PARTS:  # keyed by prompts per step
         if part in by_part:
             results[part] = {
                 b: bench_figures(r, r.get("overrides", {}).get("model.dtype"), info)  # None: error

@@ -177,8 +177,8 @@ class Block(nn.Module):
         if cache is None and self.attention != "shared_prefix":
             # decode keeps the shared-prefix path: one query per member would copy the
             # prompt's keys per member at every step, multiplying decode's memory traffic
-            q3, k3, v3 = (qkv[..., i, :, :] for i in range(3))
-            att = _joint_attention(q3, k3, v3, prefix, mask, self.attention)
+            own_k, own_v = qkv[..., 1, :, :], qkv[..., 2, :, :]  # [B, G, T, h, d], as q
+            att = _joint_attention(q, own_k, own_v, prefix, mask, self.attention)
         else:
             pk, pv, pm = prefix if prefix is not None else (None, None, None)
             att = _attention(q, pk, pv, pm, sk, sv, mask, self.dtype)

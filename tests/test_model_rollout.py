@@ -282,7 +282,8 @@ def test_cudnn_attention_is_checked_up_front(monkeypatch):
 
     monkeypatch.setattr(specs.jax, "default_backend", lambda: "gpu")
     base = dict(num_layers=1, num_heads=4, d_model=128, mlp_ratio=4, attention="cudnn")
-    assert specs.ModelSpec.from_config(ConfigDict({**base, "dtype": "bfloat16"})).attention
+    spec = specs.ModelSpec.from_config(ConfigDict({**base, "dtype": "bfloat16"}))
+    assert spec.attention == "cudnn"
     with pytest.raises(ValueError, match="needs model.dtype bfloat16 or float16, not float32"):
         specs.ModelSpec.from_config(ConfigDict({**base, "dtype": "float32"}))
     with pytest.raises(ValueError, match=r"model.num_heads = 12\) that is a multiple of 8"):
