@@ -68,6 +68,7 @@ import numpy as np
 from absl import app, flags
 from measure import configure_host, memory, step_flops, time_train_step
 from ml_collections import config_flags
+from scaling_report import GUIDE, fmt_bytes, markdown
 
 from grpo_jax.tasks import build_task
 
@@ -114,14 +115,6 @@ flags.DEFINE_bool("report_only", False, "Only re-render the markdown from <out_d
 flags.DEFINE_string(
     "one_run", "", "Internal: V:chunk:loss_chunk@run|compile, measured here; prints JSON."
 )
-
-GUIDE = {  # V -> (feasible?, memory GB, time/iteration) as the guide states them
-    65: ("yes", "12", "6 s"),
-    256: ("yes", "48", "24 s"),
-    1000: ("marginal", "190", "95 s"),
-    50000: ("no (one 80 GB GPU)", "≈9,500", "~1 h"),
-}
-GIB = 2**30
 
 
 def parse_run(item: str, defaults: dict | None = None) -> tuple[int, int, int]:
@@ -239,10 +232,6 @@ def command_line():
     return "python experiments/scaling.py " + " ".join(map(shlex.quote, args))
 
 
-def fmt_bytes(b):
-    return f"{b / GIB:.2f} GiB" if b >= GIB / 4 else f"{b / 2**20:.0f} MiB"
-
-
 def run_key(v, chunk, loss_chunk):
     return f"{v}:{chunk}:{loss_chunk}"
 
@@ -253,104 +242,9 @@ def write_json(raw: dict):
     (out_dir / f"{FLAGS.name}.json").write_text(json.dumps(raw, indent=1))
 
 
-def reference_line(r: dict) -> str:
-    """The setup's KL bullet from a run's record (runs before the option had none)."""
-    if r.get("reference", "none") == "none":
-        return (
-            "- **No reference model** (`reference.kind=none`): the step has no KL term, so "
-            "neither the KL over V at the decision point nor the reference's log-probs are "
-            "computed here."
-        )
-    est = r.get("kl_estimator")
-    how = (
-        "the loss runs the reference inside its member chunks (exact KL over V at every "
-        "generated position)"
-        if est in ("exact", "exact_forward")
-        else "the rollout carries log π_ref of each generated token, computed member chunk by "
-        "member chunk beside the policy's (no [B, V, H, V] reference log-probs)"
-    )
-    return (
-        f"- **KL reference: the frozen initial policy** (`reference.kind={r['reference']}`, "
-        f"`grpo.kl_estimator={est}`, β = {r.get('beta', '?')}): {how}."
-    )
-
-
 def write_markdown(raw: dict) -> str:
     """Writes <name>.md from the run record (write_json's); returns its text."""
-    results = {parse_run(key): r for key, r in raw["results"].items()}
-    device, setup = raw["device"], raw["setup"]
-    any_r = next((r for r in results.values() if "compile_s" in r), {})
-    lines = [
-        "# Exhaustive GRPO scaling with the vocabulary size V",
-        "",
-        f"- Device: **{device}** (jax {jax.__version__}).",
-        f"- Command: `{raw['command']}`",
-        f"- Setup: one exhaustive GRPO train step (jitted once, state donated): B="
-        f"{setup['batch_size']} prompts × V forced first tokens, each continued for "
-        f"{setup['horizon'] - 1} sampled tokens (horizon {setup['horizon']}), context "
-        f"{setup['context_len']}; model {any_r.get('model', '?')}; synthetic data (uniform "
-        "random int32 tokens in [0, V)); reward `match`; "
-        f"estimator `{any_r.get('exhaustive_estimator', '?')}`, train_continuations="
-        f"{any_r.get('train_continuations', '?')}; "
-        f"{any_r.get('num_iterations', 1)} optimizer update(s) per rollout (grpo.num_iterations); "
-        f"{setup['warmup']} warm-up + {setup['steps']} "
-        "timed steps, median reported.",
-        reference_line(any_r),
-        "- Memory on CPU: the step executable's `compiled.memory_analysis()` argument + "
-        "output + temp − aliased (XLA's buffer plan for the step), and the process peak RSS "
-        "(ru_maxrss, one process per run, includes JAX/XLA runtime and compilation); on GPU "
-        "`memory_stats()['peak_bytes_in_use']`.",
-        "- Chunks: `vocab_chunk` members are rolled out at a time, and `loss_chunk` members "
-        "run the loss's training forward at a time (each chunk's gradient taken after its "
-        "forward: nothing recomputed); "
-        "0 = all at once. Both leave the result unchanged (tests/test_loss.py).",
-        "- *compiled only*: the step was compiled and its buffer plan read, but it was not "
-        "run (no time measured): whether its buffers fit, not how fast it is.",
-        "",
-        "| V | chunks (rollout / loss) | guide: feasible | guide: memory (GB) "
-        "| guide: time / iteration | measured: time / iteration (s, median) "
-        "| measured: step executable memory | measured: process peak RSS | compile (s) "
-        "| generated tokens/s | matmul TFLOP / iteration | load avg (1 min) before → after |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|",
-    ]
-    measured_v = {k[0] for k in results}
-    not_run = [(v, -1, -1) for v in GUIDE if v not in measured_v]  # guide rows only
-    for key in sorted([*results, *not_run]):
-        v = key[0]
-        g = GUIDE.get(v, ("–", "–", "–"))
-        r = results.get(key)
-        if r is None or "compile_s" not in r:
-            why = r["error"] if r else "not run on this device"
-            lines.append(f"| {v} | – | {g[0]} | {g[1]} | {g[2]} | {why} | – | – | – | – | – | – |")
-            continue
-        chunks = f"{r['vocab_chunk']} / {r.get('loss_chunk', 0) or r['vocab_chunk']}"
-        if "median_step_s" in r:
-            times = ", ".join(f"{t:.2f}" for t in r["step_times_s"])
-            timing = f"{r['median_step_s']:.2f} ({times})"
-            tps = f"{r['tokens_per_s']:,.0f}"
-            rss = fmt_bytes(r["process_peak_rss_bytes"])
-        else:  # the RSS of a process that only compiled says nothing about the step
-            timing, tps, rss = "*compiled only, not run*", "–", "–"
-        lines.append(
-            f"| {v} | {chunks} | {g[0]} | {g[1]} | {g[2]} | {timing} | "
-            f"{fmt_bytes(r.get('executable_bytes', r['peak_memory_bytes']))} | "
-            f"{rss} | {r['compile_s']:.1f} | {tps} | "
-            + (f"{r['matmul_flops'] / 1e12:.2f} | " if "matmul_flops" in r else "– | ")
-            + " → ".join(f"{x:.1f}" for x in r.get("loadavg_1m_before_after", []))
-            + " |"
-        )
-    lines += [
-        "",
-        "The guide's figures are claims for an 80 GB GPU with an unstated model; nothing "
-        "here is extrapolated to the runs that were not made. On a shared machine the times "
-        "depend on the other jobs' load (the load-average column; "
-        f"{setup['cpu_count']} CPU cores); the memory figures do not.",
-    ]
-    if raw.get("note"):
-        lines += ["", raw["note"]]
-    if any("memory_stats" in r.get("peak_memory_source", "") for r in results.values()):
-        lines.append("Memory column: device peak_bytes_in_use.")
-    md = "\n".join(lines) + "\n"
+    md = markdown(raw)
     (Path(FLAGS.out_dir) / f"{FLAGS.name}.md").write_text(md)
     return md
 
@@ -397,6 +291,7 @@ def main(argv):
         device += f", {os.cpu_count()} CPU cores visible"
     raw = {
         "device": device,
+        "jax": jax.__version__,
         "command": command_line(),
         "overrides": dict(config_flags.get_override_values(FLAGS["config"])),
         "setup": {

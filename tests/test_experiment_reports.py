@@ -1,0 +1,26 @@
+"""The committed result records render to the committed markdown: a report's code cannot change
+(or break) without its published tables being regenerated from their JSON."""
+
+import json
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+RESULTS = ROOT / "experiments/results"
+sys.path.insert(0, str(ROOT / "experiments"))
+
+import scaling_report  # noqa: E402
+import versus_trl_report  # noqa: E402
+
+
+def test_versus_trl_record_renders_to_its_markdown(tmp_path):
+    record = RESULTS / "versus_trl_cpu.json"
+    versus_trl_report.write_md(json.loads(record.read_text()), tmp_path / "out.md")
+    assert (tmp_path / "out.md").read_text() == record.with_suffix(".md").read_text()
+
+
+def test_scaling_record_renders_to_its_markdown():
+    record = RESULTS / "scaling.json"
+    md = scaling_report.markdown(json.loads(record.read_text()))
+    assert md == record.with_suffix(".md").read_text()
+    assert "(jax 0.10.2)" in md.splitlines()[2]  # the measuring process's, from the record

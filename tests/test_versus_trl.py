@@ -1,0 +1,120 @@
+"""experiments/versus_trl.py, issue 15's side-by-side harness: its summary on hand-made rounds,
+and a real run at tiny sizes: grpo_jax's real benchmark step beside a stand-in for the
+TRL side (CI has no torch) that parses its flags with trl_grpo.py's own parser and reports
+fixed step times, so the ratios the harness writes can be checked against known numbers."""
+
+import json
+import os
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import compilation_cache_dir
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "experiments"))
+
+from versus_trl_report import summary_of  # noqa: E402
+
+TRL_STEP_S = (0.3, 0.2, 0.4)  # the stand-in's step times: median 0.3
+
+STAND_IN = """#!{python}
+import sys
+sys.path.insert(0, {experiments!r})
+import trl_grpo
+
+assert sys.argv[1].endswith("experiments/trl_grpo.py"), sys.argv
+STEP_S = {step_s!r}
+
+
+def run(**kwargs):
+    a = {{**trl_grpo.DEFAULTS, **kwargs}}
+    tokens = a["batch_prompts"] * a["group"] * a["horizon"]
+    med = sorted(STEP_S)[len(STEP_S) // 2]
+    return dict(
+        trl="stand-in", transformers="-", torch="-", python="-", device="cpu", threads=1,
+        model="stand-in", vocab_size=66, params=0, tokens_per_step=tokens, steps=a["steps"],
+        mean_completion_length=a["horizon"], median_step_s=med, min_step_s=min(STEP_S),
+        max_step_s=max(STEP_S), tokens_per_s=tokens / med, step_times_s=list(STEP_S),
+    )
+
+
+trl_grpo.run = run
+trl_grpo.main(sys.argv[2:])
+"""
+
+
+def test_the_summary_takes_medians_over_rounds_and_the_fastest_steps():
+    def side(median, fastest):
+        return {"median_step_s": median, "min_step_s": fastest, "tokens_per_s": 1 / median,
+                "compile_s": 2 * median}  # fmt: skip
+
+    jax = [side(1.0, 0.9), side(2.0, 0.5), side(10.0, 1.0)]
+    trl = [side(3.0, 2.0), side(6.0, 4.0), side(3.0, 1.5)]
+    rounds = [
+        {"grpo_jax": j, "trl": t, "ratio": t["median_step_s"] / j["median_step_s"]}
+        for j, t in zip(jax, trl, strict=True)
+    ]
+    s = summary_of(rounds)
+    assert s["grpo_jax_s_per_step"] == {"median": 2.0, "min": 1.0, "max": 10.0}
+    assert s["ratio_of_medians"] == 3.0 / 2.0  # not the mean's 4 / 4.33
+    assert s["ratio_per_round"] == {"median": 3.0, "min": 0.3, "max": 3.0}
+    assert (s["grpo_jax_fastest_step_s"], s["trl_fastest_step_s"]) == (0.5, 1.5)
+    assert s["ratio_of_fastest"] == 3.0
+    assert s["trl_tokens_per_s"] == 1 / 3.0 and s["grpo_jax_compile_s"]["median"] == 4.0
+
+
+def test_a_tiny_run_records_both_sides_and_their_ratios(tmp_path, tmp_path_factory):
+    data = os.environ.get("GRPO_JAX_DATA") or ROOT.parent / "shared/data/tinyshakespeare.txt"
+    if not Path(data).is_file():
+        pytest.skip("tiny Shakespeare not found")
+    trl_python = tmp_path / "trl_python"
+    trl_python.write_text(
+        STAND_IN.format(
+            python=sys.executable, experiments=str(ROOT / "experiments"), step_s=TRL_STEP_S
+        )
+    )
+    trl_python.chmod(0o755)
+    env = {
+        **os.environ,
+        "JAX_PLATFORMS": "cpu",
+        "JAX_COMPILATION_CACHE_DIR": str(compilation_cache_dir(tmp_path_factory)),
+        "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0",  # the second round loads the first's
+    }
+    work = ["--batch_prompts=2", "--group=3", "--context=8", "--horizon=4", "--layers=1"]
+    work += ["--heads=2", "--width=16", "--rounds=2", "--steps=2", "--warmup=0"]
+    cmd = [sys.executable, "experiments/versus_trl.py", *work, "--wait_quiet=0"]
+    cmd += [f"--trl_python={trl_python}", "--jax_args=--noroofline", f"--data={data}"]
+    cmd += [f"--out_dir={tmp_path}", "--name=tiny"]
+    done = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
+
+    rec = json.loads((tmp_path / "tiny.json").read_text())
+    assert [r["round"] for r in rec["rounds"]] == [1, 2]
+    jax_medians = []
+    for r in rec["rounds"]:
+        gj, trl = r["grpo_jax"], r["trl"]
+        # the work's flags reached benchmark.py: 2 prompts x 3 members x 4 tokens, 2 timed steps
+        assert gj["tokens_per_step"] == 24 and len(gj["step_times_s"]) == 2
+        assert gj["median_step_s"] == pytest.approx(statistics.median(gj["step_times_s"]))
+        assert (gj["min_step_s"], gj["max_step_s"]) == (
+            min(gj["step_times_s"]),
+            max(gj["step_times_s"]),
+        )
+        assert trl["median_step_s"] == 0.3 and trl["tokens_per_step"] == 24
+        assert r["ratio"] == pytest.approx(0.3 / gj["median_step_s"])
+        jax_medians.append(gj["median_step_s"])
+    s = rec["summary"]
+    assert s["ratio_of_medians"] == pytest.approx(0.3 / statistics.median(jax_medians))
+    assert s["ratio_of_fastest"] == pytest.approx(
+        0.2 / min(min(r["grpo_jax"]["step_times_s"]) for r in rec["rounds"])
+    )
+    assert rec["trl_env"]["trl"] == "stand-in" and rec["work"]["horizon"] == 4
+    assert "experiments/trl_grpo.py" in rec["commands"]["trl"]
+    assert "--horizon=4" in rec["commands"]["trl"]
+    assert "--config.data.horizon=4" in rec["commands"]["grpo_jax"]
+    md = (tmp_path / "tiny.md").read_text()
+    assert f"TRL takes {s['ratio_of_medians']:.2f}x as long per step" in md
+    assert md.count("\n| 1 | ") == 1 and md.count("\n| 2 | ") == 1
