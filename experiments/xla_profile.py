@@ -215,7 +215,9 @@ def markdown(res: dict) -> str:
             f"matmul FLOPs) in {100 * ms / total:.0f} % of the thunk time: "
             f"{g / max(ms, 1e-9) * 1e3:.0f} GFLOP per thunk-second"
         )
-    lines += [unattributed_line(res.get("unattributed")), ""]
+    if "unattributed" in res:  # records from before it was measured make no claim
+        lines.append(unattributed_line(res["unattributed"]))
+    lines.append("")
     lines += ["| instruction | kind | stage | thunk-ms | calls | shape |", "| --- " * 6 + "|"]
     lines += [
         f"| {r['instruction']} | {r['kind']} | {r['stage']} | {r['thunk_ms']:.2f} | "
@@ -225,9 +227,9 @@ def markdown(res: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-def unattributed_line(lost: dict | None) -> str:
+def unattributed_line(lost: dict) -> str:
     """The traced time no instruction of the step's module claimed, in one line."""
-    if not lost or not lost["events_per_step"]:
+    if not lost["events_per_step"]:
         return "- every traced event of the step was attributed to an instruction"
     return (
         f"- not attributed to an instruction: {lost['ms_per_step']:.2f} ms per step in "
