@@ -234,10 +234,10 @@ def rewrite_md(json_path: str, note: str):
 
 
 def jax_versions(a, env) -> dict:
-    out = subprocess.run(
-        [a.jax_python, "-c", JAX_VERSIONS], env=env, capture_output=True, text=True, check=True
+    cmd = [a.jax_python, "-c", JAX_VERSIONS]
+    return last_json(
+        subprocess.run(cmd, env=env, capture_output=True, text=True, check=True).stdout
     )
-    return json.loads(out.stdout.strip().splitlines()[-1])
 
 
 def run_rounds(a, env, jcmd, tcmd) -> tuple[list[dict], dict]:

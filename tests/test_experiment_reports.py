@@ -36,6 +36,8 @@ def test_scaling_record_renders_to_its_markdown():
     md = scaling_report.markdown(json.loads(record.read_text()))
     assert md == record.with_suffix(".md").read_text()
     assert "(jax 0.10.2)" in md.splitlines()[2]  # the measuring process's, from the record
+    other = {**json.loads(record.read_text()), "jax": "9.9.9"}  # not this process's version
+    assert "(jax 9.9.9)" in scaling_report.markdown(other).splitlines()[2]
 
 
 @pytest.mark.parametrize("name", ["gpu_suite_nvidia-h100-80gb-hbm3", "gpu_suite_nvidia-h200"])
@@ -52,3 +54,6 @@ def test_cpu_profiles_render_to_their_markdown(name):
     md = xla_profile.markdown(json.loads(record.read_text()))
     assert md == record.with_suffix(".md").read_text()
     assert "attributed to an instruction" not in md
+    measured = {**json.loads(record.read_text())}
+    measured["unattributed"] = {"ms_per_step": 0.0, "events_per_step": 0.0, "names": []}
+    assert "- every traced event of the step was attributed" in xla_profile.markdown(measured)

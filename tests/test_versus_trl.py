@@ -66,10 +66,9 @@ def test_the_summary_takes_medians_over_rounds_and_the_fastest_steps():
     assert s["trl_tokens_per_s"] == 1 / 3.0 and s["grpo_jax_compile_s"]["median"] == 4.0
 
 
-def test_a_tiny_run_records_both_sides_and_their_ratios(tmp_path, tmp_path_factory):
-    data = os.environ.get("GRPO_JAX_DATA") or ROOT.parent / "shared/data/tinyshakespeare.txt"
-    if not Path(data).is_file():
-        pytest.skip("tiny Shakespeare not found")
+def test_a_tiny_run_records_both_sides_and_their_ratios(
+    tmp_path, tmp_path_factory, shakespeare_path
+):
     trl_python = tmp_path / "trl_python"
     trl_python.write_text(
         STAND_IN.format(
@@ -86,7 +85,7 @@ def test_a_tiny_run_records_both_sides_and_their_ratios(tmp_path, tmp_path_facto
     work = ["--batch_prompts=2", "--group=3", "--context=8", "--horizon=4", "--layers=1"]
     work += ["--heads=2", "--width=16", "--rounds=2", "--steps=2", "--warmup=0"]
     cmd = [sys.executable, "experiments/versus_trl.py", *work, "--wait_quiet=0"]
-    cmd += [f"--trl_python={trl_python}", "--jax_args=--noroofline", f"--data={data}"]
+    cmd += [f"--trl_python={trl_python}", "--jax_args=--noroofline", f"--data={shakespeare_path}"]
     cmd += [f"--out_dir={tmp_path}", "--name=tiny"]
     done = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
