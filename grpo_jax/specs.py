@@ -13,6 +13,7 @@ import math
 from typing import Any
 
 import jax
+import jax.extend
 
 from grpo_jax import objective
 from grpo_jax.model import ATTENTION
@@ -354,15 +355,23 @@ class ModelSpec:
     def check_cudnn(self) -> None:
         """jax's cuDNN flash attention takes a CUDA GPU, half precision and a head dimension
         that is a multiple of 8 (at most 128 before Hopper, 256 after: jax names that one)."""
-        backend, hd = jax.default_backend(), self.d_model // self.num_heads
+        runtime, hd = gpu_runtime(), self.d_model // self.num_heads
         for ok, need in (
-            (backend == "gpu", f"a CUDA GPU, not {backend}"),
+            ("cuda" in runtime, f"a CUDA GPU, not {runtime}"),
             (self.dtype in HALF, f"model.dtype bfloat16 or float16, not {self.dtype}"),
             (hd % 8 == 0, f"a head dimension (model.d_model / model.num_heads = {hd}) that is "
              "a multiple of 8"),
         ):  # fmt: skip
             fix = "else use model.attention='shared_prefix' (any device) or 'xla'"
             require(ok, "model.attention", "cudnn", f"needs {need}; {fix}")
+
+
+def gpu_runtime() -> str:
+    """The backend's name, or on a GPU its runtime ("cuda 12080", "rocm 60300"): jax calls
+    both CUDA and ROCm GPUs "gpu", and only CUDA has cuDNN (jax's own cuDNN check reads the
+    same string)."""
+    backend = jax.default_backend()
+    return jax.extend.backend.get_backend().platform_version if backend == "gpu" else backend
 
 
 @dataclasses.dataclass(frozen=True)

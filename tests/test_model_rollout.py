@@ -1,5 +1,7 @@
 """Model KV cache vs full forward, and rollout invariants (chunking, log-probs, forcing)."""
 
+import types
+
 import chex
 import jax
 import jax.numpy as jnp
@@ -280,8 +282,15 @@ def test_cudnn_attention_is_checked_up_front(monkeypatch):
 
     from grpo_jax import specs
 
-    monkeypatch.setattr(specs.jax, "default_backend", lambda: "gpu")
     base = dict(num_layers=1, num_heads=4, d_model=128, mlp_ratio=4, attention="cudnn")
+    # jax names a ROCm GPU "gpu" too: only the runtime string tells it from CUDA
+    monkeypatch.setattr(specs.jax, "default_backend", lambda: "gpu")
+    rocm = types.SimpleNamespace(platform_version="rocm 60300")
+    monkeypatch.setattr(specs.jax.extend.backend, "get_backend", lambda: rocm)
+    with pytest.raises(ValueError, match="needs a CUDA GPU, not rocm 60300"):
+        specs.ModelSpec.from_config(ConfigDict({**base, "dtype": "bfloat16"}))
+    cuda = types.SimpleNamespace(platform_version="cuda 12080")
+    monkeypatch.setattr(specs.jax.extend.backend, "get_backend", lambda: cuda)
     spec = specs.ModelSpec.from_config(ConfigDict({**base, "dtype": "bfloat16"}))
     assert spec.attention == "cudnn"
     with pytest.raises(ValueError, match="needs model.dtype bfloat16 or float16, not float32"):
