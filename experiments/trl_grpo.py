@@ -107,55 +107,32 @@ def cpu_name() -> str:
     return platform.processor() or "cpu"
 
 
-def run(**kwargs) -> dict:
-    """Builds and trains for warmup + steps optimizer steps; returns the timing dict."""
+def options(kwargs: dict) -> argparse.Namespace:
+    """The run's settings: DEFAULTS updated by ``kwargs``, checked before torch is imported."""
     unknown = set(kwargs) - set(DEFAULTS)
     if unknown:
         raise TypeError(f"unknown arguments {sorted(unknown)}; known: {sorted(DEFAULTS)}")
     a = argparse.Namespace(**{**DEFAULTS, **kwargs})
     a.positions = a.positions or a.context + a.horizon
     if a.context + a.horizon > a.positions:
-        raise ValueError(f"context + horizon = {a.context + a.horizon} > positions {a.positions}")
-
-    import datasets
-    import torch
-    import transformers
-    import trl
-    from transformers import GPT2Config, GPT2LMHeadModel, TrainerCallback, set_seed
-    from trl import GRPOConfig, GRPOTrainer
-
-    warnings.filterwarnings("ignore")
-    transformers.logging.set_verbosity_error()
-    datasets.disable_progress_bars()
-    if a.threads:
-        torch.set_num_threads(a.threads)
-    if a.device == "auto":
-        a.device = "cuda" if torch.cuda.is_available() else "cpu"
-    if a.device == "cuda" and not torch.cuda.is_available():
-        raise RuntimeError("--device=cuda but torch sees no CUDA device")
+        raise ValueError(
+            f"--context + --horizon = {a.context + a.horizon} > --positions={a.positions}; "
+            "raise --positions, or pass 0 (context + horizon)"
+        )
     if a.dtype not in ("float32", "bfloat16"):
-        raise ValueError(f"dtype {a.dtype!r}: float32 | bfloat16")
-    cuda = a.device == "cuda"
-    set_seed(a.seed)
+        raise ValueError(f"--dtype={a.dtype!r} is unknown; choose from float32, bfloat16")
+    a.data = a.data or os.environ.get("GRPO_JAX_DATA", "")
+    if not a.data:
+        raise ValueError("no corpus: pass --data=PATH or set GRPO_JAX_DATA")
+    return a
 
-    path = a.data or os.environ.get("GRPO_JAX_DATA", "")
-    if not path:
-        raise ValueError("no corpus: pass --data or set GRPO_JAX_DATA")
-    total = a.warmup + a.steps
-    chars, prompts, targets = load_prompts(
-        path, a.train_fraction, a.context, a.horizon, a.batch_prompts * total, a.seed
-    )
-    tokenizer = char_tokenizer(chars)
-    char_id = {c: i for i, c in enumerate(chars)}
-    for text in (chars, prompts[0]):  # one token per char, grpo_jax's ids, exact round trip
-        ids = tokenizer(text)["input_ids"]
-        assert ids == [char_id[c] for c in text] and tokenizer.decode(ids) == text, text
-    dataset = datasets.Dataset.from_dict({"prompt": prompts, "target": targets})
 
-    lengths = []  # completion lengths of every step, checked against the horizon
+def match_reward(char_id: dict, lengths: list):
+    """grpo_jax's ``match`` as a TRL reward function: the mean over the horizon of
+    completion[i] == target[i] (on ids). Appends every completion's length to ``lengths``,
+    which run() checks against the forced horizon."""
 
     def match(completions, completion_ids, target, **_):
-        """grpo_jax's match: mean over the horizon of completion[i] == target[i] (on ids)."""
         out = []
         for ids, tgt in zip(completion_ids, target, strict=True):
             lengths.append(len(ids))
@@ -163,32 +140,42 @@ def run(**kwargs) -> dict:
             out.append(hits / len(tgt))
         return out
 
+    return match
+
+
+def step_timer(sync):
+    """A TrainerCallback timing each optimizer step (on_step_begin -> on_step_end, ``sync()``
+    at both ends: CUDA's queue drained) and the loop end -> end, data loading included."""
+    from transformers import TrainerCallback
+
     class StepTimer(TrainerCallback):
         def __init__(self):
             self.begin, self.step_s, self.loop_s, self.last_end = None, [], [], None
 
-        def _sync(self):
-            if cuda:
-                torch.cuda.synchronize()
-
         def on_step_begin(self, args, state, control, **kw):
-            self._sync()
+            sync()
             self.begin = time.perf_counter()
 
         def on_step_end(self, args, state, control, **kw):
-            self._sync()
+            sync()
             now = time.perf_counter()
             self.step_s.append(now - self.begin)
-            if self.last_end is not None:  # end -> end: the whole loop, data loading included
+            if self.last_end is not None:
                 self.loop_s.append(now - self.last_end)
             self.last_end = now
 
-    timer = StepTimer()
-    n_completions = a.batch_prompts * a.group
-    config = GRPOConfig(
+    return StepTimer()
+
+
+def grpo_config(a: argparse.Namespace, total: int, cuda: bool):
+    """TRL's GRPOConfig for grpo_jax's step (the module docstring lists the correspondences):
+    one generation round of batch_prompts x group completions per optimizer step."""
+    from trl import GRPOConfig
+
+    return GRPOConfig(
         output_dir=tempfile.mkdtemp(prefix="trl_grpo_out_"),
         max_steps=total,
-        per_device_train_batch_size=n_completions,  # completions per micro-batch
+        per_device_train_batch_size=a.batch_prompts * a.group,  # completions per micro-batch
         gradient_accumulation_steps=1,
         steps_per_generation=1,  # one generation round (8 prompts x G) per optimizer step
         num_generations=a.group,
@@ -225,8 +212,13 @@ def run(**kwargs) -> dict:
         dataloader_num_workers=0,
     )
 
-    # The trainer builds its frozen reference from the policy's path: save the random
-    # initial model and load both from it (reference = initial policy, grpo_jax's kind=policy)
+
+def save_random_gpt2(a: argparse.Namespace, tokenizer) -> tuple[str, int]:
+    """A randomly initialised GPT-2 of the run's shape saved with its tokenizer: the trainer
+    builds its frozen reference from the policy's path, so both load this one model
+    (reference = initial policy, grpo_jax's kind=policy). Returns (its folder, params)."""
+    from transformers import GPT2Config, GPT2LMHeadModel
+
     model_dir = tempfile.mkdtemp(prefix="trl_grpo_model_")
     gpt = GPT2LMHeadModel(
         GPT2Config(
@@ -240,16 +232,97 @@ def run(**kwargs) -> dict:
             pad_token_id=tokenizer.pad_token_id,
         )
     )
-    n_params = sum(p.numel() for p in gpt.parameters())
     gpt.save_pretrained(model_dir)
     tokenizer.save_pretrained(model_dir)
-    del gpt
+    return model_dir, int(sum(p.numel() for p in gpt.parameters()))
 
+
+def versions(torch) -> dict:
+    import transformers
+    import trl
+
+    return {
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "trl": trl.__version__,
+        "python": sys.version.split()[0],
+        "threads": torch.get_num_threads(),
+    }
+
+
+def timings(a: argparse.Namespace, timer) -> dict:
+    """The timed steps' figures (the warm-up's steps apart)."""
+    times = timer.step_s[a.warmup :]
+    loops = timer.loop_s[max(a.warmup - 1, 0) :]
+    med = statistics.median(times)
+    return {
+        "warmup": a.warmup,
+        "steps": a.steps,
+        "median_step_s": med,
+        "min_step_s": min(times),
+        "max_step_s": max(times),
+        "tokens_per_s": a.batch_prompts * a.group * a.horizon / med,
+        "step_times_s": times,
+        "warmup_step_times_s": timer.step_s[: a.warmup],
+        "median_loop_s": statistics.median(loops) if loops else None,
+    }
+
+
+def on_cuda(a: argparse.Namespace, torch) -> bool:
+    """Applies --threads and resolves --device=auto; True when the run is on CUDA."""
+    if a.threads:
+        torch.set_num_threads(a.threads)
+    if a.device == "auto":
+        a.device = "cuda" if torch.cuda.is_available() else "cpu"
+    if a.device == "cuda" and not torch.cuda.is_available():
+        raise RuntimeError("--device=cuda but torch sees no CUDA device")
+    return a.device == "cuda"
+
+
+def check_counts(a: argparse.Namespace, timer, lengths: list) -> None:
+    """Every optimizer step was timed and every completion was scored at the full horizon
+    (min_new_tokens forced it): else the times are not of the work grpo_jax's step does."""
+    total, n = a.warmup + a.steps, a.batch_prompts * a.group
+    if len(timer.step_s) != total:
+        raise RuntimeError(f"timed {len(timer.step_s)} optimizer steps, expected {total}")
+    if len(lengths) != total * n:
+        raise RuntimeError(f"{len(lengths)} completions scored, expected {total * n}")
+    if min(lengths) != a.horizon or max(lengths) != a.horizon:
+        raise RuntimeError(f"completion lengths {min(lengths)}..{max(lengths)}, not {a.horizon}")
+
+
+def run(**kwargs) -> dict:
+    """Builds and trains for warmup + steps optimizer steps; returns the timing dict."""
+    a = options(kwargs)
+    import datasets
+    import torch
+    import transformers
+    from transformers import set_seed
+    from trl import GRPOTrainer
+
+    warnings.filterwarnings("ignore")
+    transformers.logging.set_verbosity_error()
+    datasets.disable_progress_bars()
+    cuda = on_cuda(a, torch)
+    set_seed(a.seed)
+
+    total, n_completions = a.warmup + a.steps, a.batch_prompts * a.group
+    chars, prompts, targets = load_prompts(
+        a.data, a.train_fraction, a.context, a.horizon, a.batch_prompts * total, a.seed
+    )
+    tokenizer = char_tokenizer(chars)
+    char_id = {c: i for i, c in enumerate(chars)}
+    for text in (chars, prompts[0]):  # one token per char, grpo_jax's ids, exact round trip
+        ids = tokenizer(text)["input_ids"]
+        assert ids == [char_id[c] for c in text] and tokenizer.decode(ids) == text, text
+    lengths = []  # completion lengths of every step, checked against the horizon
+    timer = step_timer(torch.cuda.synchronize if cuda else lambda: None)
+    model_dir, n_params = save_random_gpt2(a, tokenizer)
     trainer = GRPOTrainer(
         model=model_dir,
-        reward_funcs=match,
-        args=config,
-        train_dataset=dataset,
+        reward_funcs=match_reward(char_id, lengths),
+        args=grpo_config(a, total, cuda),
+        train_dataset=datasets.Dataset.from_dict({"prompt": prompts, "target": targets}),
         processing_class=tokenizer,
         callbacks=[timer],
     )
@@ -258,58 +331,41 @@ def run(**kwargs) -> dict:
         trainer.train()
         train_s = time.perf_counter() - t0
 
-    if len(timer.step_s) != total:
-        raise RuntimeError(f"timed {len(timer.step_s)} optimizer steps, expected {total}")
-    if len(lengths) != total * n_completions:
-        raise RuntimeError(f"{len(lengths)} completions scored, expected {total * n_completions}")
-    mean_len = sum(lengths) / len(lengths)
-    assert min(lengths) == max(lengths) == a.horizon, (min(lengths), max(lengths), a.horizon)
-    times = timer.step_s[a.warmup :]
-    loops = timer.loop_s[max(a.warmup - 1, 0) :]
-    med = statistics.median(times)
-    tokens = n_completions * a.horizon
-    dev_name = torch.cuda.get_device_name(0) if cuda else cpu_name()
+    check_counts(a, timer, lengths)
     log = [h for h in trainer.state.log_history if "train_runtime" not in h]
-    res = {
+    dev_name = torch.cuda.get_device_name(0) if cuda else cpu_name()
+    return {
         "side": "trl",
         "device": f"{dev_name} / {'cuda' if cuda else 'cpu'}",
         "dtype": a.dtype,
-        "torch": torch.__version__,
-        "transformers": transformers.__version__,
-        "trl": trl.__version__,
-        "python": sys.version.split()[0],
-        "threads": torch.get_num_threads(),
+        **versions(torch),
         "model": f"GPT2LMHeadModel {a.layers}x{a.heads}x{a.width}, {a.positions} positions",
         "vocab_size": len(tokenizer),
-        "params": int(n_params),
+        "params": n_params,
         "prompts_per_step": a.batch_prompts,
         "group": a.group,
         "context": a.context,
         "horizon": a.horizon,
         "beta": a.beta,
-        "tokens_per_step": tokens,
-        "mean_completion_length": mean_len,
-        "warmup": a.warmup,
-        "steps": a.steps,
-        "median_step_s": med,
-        "min_step_s": min(times),
-        "max_step_s": max(times),
-        "tokens_per_s": tokens / med,
-        "step_times_s": times,
-        "warmup_step_times_s": timer.step_s[: a.warmup],
-        "median_loop_s": statistics.median(loops) if loops else None,
+        "tokens_per_step": n_completions * a.horizon,
+        "mean_completion_length": sum(lengths) / len(lengths),
+        **timings(a, timer),
         "train_s": train_s,
         "last_log": log[-1] if log else None,
         **device_lock.report(),
     }
-    return res
 
 
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     for k, v in DEFAULTS.items():
         p.add_argument(f"--{k}", type=type(v), default=v)
-    res = run(**vars(p.parse_args(argv)))
+    kwargs = vars(p.parse_args(argv))
+    try:
+        options(kwargs)  # bad flags: one line, before torch loads
+    except ValueError as e:
+        sys.exit(f"error: {e}")
+    res = run(**kwargs)
     print(
         f"TRL {res['trl']} on {res['device']} ({res['threads']} threads): step median "
         f"{res['median_step_s']:.4f}s (min {res['min_step_s']:.4f}, max {res['max_step_s']:.4f}) "

@@ -117,3 +117,26 @@ def test_a_tiny_run_records_both_sides_and_their_ratios(
     md = (tmp_path / "tiny.md").read_text()
     assert f"TRL takes {s['ratio_of_medians']:.2f}x as long per step" in md
     assert md.count("\n| 1 | ") == 1 and md.count("\n| 2 | ") == 1
+
+
+@pytest.mark.parametrize(
+    "flags, message",
+    [
+        (["--dtype=float16"], "--dtype='float16' is unknown; choose from float32, bfloat16"),
+        (
+            ["--context=150", "--positions=160"],
+            "--context + --horizon = 220 > --positions=160; raise --positions, or pass 0",
+        ),
+        ([], "no corpus: pass --data=PATH or set GRPO_JAX_DATA"),
+    ],
+)
+def test_the_trl_side_refuses_bad_flags_in_one_line_before_torch_loads(flags, message):
+    """CI has no torch: these exits come from the flags' check, which runs before the import."""
+    env = {k: v for k, v in os.environ.items() if k != "GRPO_JAX_DATA"}
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "experiments" / "trl_grpo.py"), *flags],
+        capture_output=True, text=True, env=env, timeout=120,
+    )  # fmt: skip
+    assert proc.returncode == 1, proc.stderr
+    (line,) = proc.stderr.strip().splitlines()
+    assert line.startswith(f"error: {message}")
