@@ -151,6 +151,97 @@ def build(config):
     return task, step, jstep, state, inputs, mesh, int(n_params)
 
 
+def per_device(config, task, mesh, peaks) -> dict:
+    """Each device's share of the step's work on a multi-device mesh, and its peak bytes."""
+    # the task's own count (hierarchical groups need its token classes): tokens / (B x H)
+    members = task.tokens_per_step / (config.train.batch_size * config.data.horizon)
+    return {
+        "num_devices": mesh.size,
+        **sharding.per_device_work(config, mesh, members),
+        "peak_bytes_in_use": peaks,
+    }
+
+
+def record(config, task, state, mesh, n_params, timing: dict) -> dict:
+    """The JSON line: the run's identity, timings, memory and breakdown (``timing``)."""
+    dev = jax.devices()[0]
+    med = timing["median_step_s"]
+    res = {
+        "config_variant": config_flags.get_config_filename(FLAGS["config"]),
+        "overrides": config_flags.get_override_values(FLAGS["config"]),
+        "device": f"{dev.device_kind} / {dev.platform}",
+        "num_devices": jax.device_count(),
+        "group_mode": config.group.mode,
+        "params": n_params,
+        "tokens_per_step": task.tokens_per_step,
+        "compile_s": timing["compile_s"],
+        "median_step_s": med,
+        "tokens_per_s": task.tokens_per_step / med,
+        "step_times_s": timing["step_times_s"],
+        **timing["memory"],
+        "breakdown": timing["breakdown"],
+        "loss": timing["loss"],
+        "params_sharding": str(jax.tree.leaves(state.params)[0].sharding),
+        "cpu_buffers": timing["cpu_buffers"],
+        **device_lock.report(),
+    }
+    if timing["roofline"] is not None:
+        res["roofline"] = timing["roofline"]
+    res["mesh"] = sharding.describe(mesh) if mesh is not None else "none (plain jit)"
+    if mesh is not None and jax.device_count() > 1:
+        res["per_device"] = per_device(config, task, mesh, timing["peaks"])
+    return res
+
+
+def report_roofline(roof: dict, med: float) -> None:
+    peak, at_peak = roof["matmul_peak_gflops"], ""
+    if peak is not None:  # a CPU's (on a GPU, gpu_suite measures the peaks)
+        at_peak = (
+            f" = {100 * roof['fraction_of_peak']:.0f}% of this machine's matmul peak at the "
+            f"model's shapes ({peak:.1f} GFLOP/s)"
+        )
+    print(
+        f"roofline: {roof['matmul_flops'] / 1e9:.2f} GFLOP matmul per step -> "
+        f"{roof['achieved_gflops']:.1f} GFLOP/s{at_peak}"
+    )
+    if "matmul_floor_s" in roof:
+        print(
+            f"matmul floor: the step's {roof['distinct_matmuls']} distinct matmuls alone "
+            f"take {roof['matmul_floor_s']:.4f} s per step ({roof['floor_gflops']:.1f} "
+            f"GFLOP/s, {100 * roof['floor_gflops'] / peak:.0f}% of the peak): "
+            f"{100 * roof['matmul_floor_s'] / med:.0f}% of the step's time; dense "
+            f"{roof['matmul_floor_s_by_kind']['dense']:.4f} s, batched (attention) "
+            f"{roof['matmul_floor_s_by_kind']['batched']:.4f} s"
+        )
+
+
+def report(res: dict) -> None:
+    """The record's figures as lines for a reader (the JSON line follows them)."""
+    if "per_device" in res:
+        pd = res["per_device"]
+        print(
+            f"{res['mesh']}: {pd['prompts_per_device']:g} prompts x "
+            f"{pd['members_per_prompt_per_device']:g} members per device "
+            f"(of {pd['global_batch']} x {pd['members_per_prompt']:g})"
+        )
+    bd, med = res["breakdown"], res["median_step_s"]
+    print(
+        f"device {res['device']} x{res['num_devices']}, params {res['params']:,}, "
+        f"group_mode {res['group_mode']}, tokens/step {res['tokens_per_step']}"
+    )
+    print(
+        f"compile {res['compile_s']:.2f}s; step median {med:.4f}s over "
+        f"{len(res['step_times_s'])} (after {FLAGS.warmup} warmup) -> "
+        f"{res['tokens_per_s']:.0f} tokens/s"
+    )
+    print(
+        f"breakdown: rollout {bd['rollout_s']:.4f}s, update {bd['update_s']:.4f}s; "
+        f"peak memory {res['peak_memory_bytes'] / 2**20:.1f} MiB ({res['peak_memory_source']})"
+    )
+    if "roofline" in res:
+        report_roofline(res["roofline"], med)
+
+
 def main(argv):
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {argv[1:]}")
@@ -171,82 +262,21 @@ def main(argv):
         jstep, state, inputs, FLAGS.warmup, FLAGS.steps
     )
     med = statistics.median(times)
-    mem = memory(compiled)  # before the breakdown allocates anything else
-    per_dev_peak = [(d.memory_stats() or {}).get("peak_bytes_in_use") for d in jax.devices()]
-    roof = None
-    if FLAGS.roofline and step.host is None and compiled is not None:
-        roof = roofline(config, task, step, state, inputs, compiled, med)
-    bd = breakdown(step, state, inputs, FLAGS.breakdown_runs)
-
-    dev = jax.devices()[0]
-    res = {
-        "config_variant": config_flags.get_config_filename(FLAGS["config"]),
-        "overrides": config_flags.get_override_values(FLAGS["config"]),
-        "device": f"{dev.device_kind} / {dev.platform}",
-        "num_devices": jax.device_count(),
-        "group_mode": config.group.mode,
-        "params": n_params,
-        "tokens_per_step": task.tokens_per_step,
+    timing = {
         "compile_s": compile_s,
         "median_step_s": med,
-        "tokens_per_s": task.tokens_per_step / med,
         "step_times_s": times,
-        **mem,
-        "breakdown": bd,
+        "memory": memory(compiled),  # before the breakdown allocates anything else
+        "peaks": [(d.memory_stats() or {}).get("peak_bytes_in_use") for d in jax.devices()],
         "loss": float(metrics["loss"]),
-        "params_sharding": str(jax.tree.leaves(state.params)[0].sharding),
         "cpu_buffers": cpu_buffers,
-        **device_lock.report(),
+        "roofline": None,
     }
-    if roof is not None:
-        res["roofline"] = roof
-    res["mesh"] = sharding.describe(mesh) if mesh is not None else "none (plain jit)"
-    if mesh is not None and jax.device_count() > 1:
-        # the task's own count (hierarchical groups need its token classes): tokens / (B x H)
-        members = task.tokens_per_step / (config.train.batch_size * config.data.horizon)
-        res["per_device"] = {
-            "num_devices": mesh.size,
-            **sharding.per_device_work(config, mesh, members),
-            "peak_bytes_in_use": per_dev_peak,
-        }
-        pd = res["per_device"]
-        print(
-            f"{res['mesh']}: {pd['prompts_per_device']:g} prompts x "
-            f"{pd['members_per_prompt_per_device']:g} members per device "
-            f"(of {pd['global_batch']} x {pd['members_per_prompt']:g})"
-        )
-    print(
-        f"device {res['device']} x{res['num_devices']}, params {n_params:,}, "
-        f"group_mode {config.group.mode}, tokens/step {task.tokens_per_step}"
-    )
-    print(
-        f"compile {compile_s:.2f}s; step median {med:.4f}s over {len(times)} "
-        f"(after {FLAGS.warmup} warmup) -> {res['tokens_per_s']:.0f} tokens/s"
-    )
-    print(
-        f"breakdown: rollout {bd['rollout_s']:.4f}s, update {bd['update_s']:.4f}s; "
-        f"peak memory {res['peak_memory_bytes'] / 2**20:.1f} MiB ({res['peak_memory_source']})"
-    )
-    if roof is not None:
-        peak, at_peak = roof["matmul_peak_gflops"], ""
-        if peak is not None:  # a CPU's (on a GPU, gpu_suite measures the peaks)
-            at_peak = (
-                f" = {100 * roof['fraction_of_peak']:.0f}% of this machine's matmul peak at the "
-                f"model's shapes ({peak:.1f} GFLOP/s)"
-            )
-        print(
-            f"roofline: {roof['matmul_flops'] / 1e9:.2f} GFLOP matmul per step -> "
-            f"{roof['achieved_gflops']:.1f} GFLOP/s{at_peak}"
-        )
-        if "matmul_floor_s" in roof:
-            print(
-                f"matmul floor: the step's {roof['distinct_matmuls']} distinct matmuls alone "
-                f"take {roof['matmul_floor_s']:.4f} s per step ({roof['floor_gflops']:.1f} "
-                f"GFLOP/s, {100 * roof['floor_gflops'] / peak:.0f}% of the peak): "
-                f"{100 * roof['matmul_floor_s'] / med:.0f}% of the step's time; dense "
-                f"{roof['matmul_floor_s_by_kind']['dense']:.4f} s, batched (attention) "
-                f"{roof['matmul_floor_s_by_kind']['batched']:.4f} s"
-            )
+    if FLAGS.roofline and step.host is None and compiled is not None:
+        timing["roofline"] = roofline(config, task, step, state, inputs, compiled, med)
+    timing["breakdown"] = breakdown(step, state, inputs, FLAGS.breakdown_runs)
+    res = record(config, task, state, mesh, n_params, timing)
+    report(res)
     line = json.dumps(res)
     if FLAGS.out:
         with open(FLAGS.out, "a") as f:
