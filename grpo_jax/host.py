@@ -36,7 +36,7 @@ import platform
 
 from absl import logging
 
-from grpo_jax.specs import cpu_buffers
+from grpo_jax.run_spec import cpu_buffers
 
 _M_TRIM_THRESHOLD, _M_MMAP_MAX = -1, -4  # glibc's mallopt parameter numbers (malloc.h)
 _KEEP_FREED = 2**31 - 1  # bytes of freed memory glibc keeps (mallopt takes an int)

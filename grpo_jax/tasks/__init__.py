@@ -9,7 +9,7 @@ step know no task by name.
 
 from pathlib import Path
 
-from grpo_jax.specs import RunSpec
+from grpo_jax.run_spec import RunSpec
 from grpo_jax.tasks import arithmetic, fill_in, shakespeare, toy_bandit
 
 TASKS = {

@@ -428,7 +428,7 @@ def build(config, mode: str = "train", workdir=None) -> Task:  # keeps nothing i
     def policy_for(sp):
         return transformer_policy(model, sp, t, stop)
 
-    pass_k = tuple(int(k) for k in config.eval.pass_k)  # >= 1: specs.ReportSpec
+    pass_k = tuple(int(k) for k in config.eval.pass_k)  # >= 1: run_spec.ReportSpec
     evaluate = make_evaluate(config, tok, policy_for, held, pass_k)
     block = config.pretrain if pretraining else config.train
     optim = OptimSpec.from_config(
@@ -438,7 +438,7 @@ def build(config, mode: str = "train", workdir=None) -> Task:  # keeps nothing i
     )
     mu = 1 if pretraining else espec.objective.num_iterations
     tx, schedule = make_optimizer(optim, block.num_steps, updates_per_step=mu)
-    b = int(block.batch_size)  # >= 1: specs.RunSpec
+    b = int(block.batch_size)  # >= 1: run_spec.RunSpec
     num_train = train.prompts.shape[0]
 
     def sample_prompts(key, data: Data):

@@ -141,7 +141,7 @@ def make_evaluate(config, model, corpus, token_chars):
     """params -> (scalars, texts) on the held-out windows of the val split."""
     c, h = config.data.context_len, config.data.horizon
     ev_ctx, ev_tgt = data_lib.eval_windows(corpus.val, config.eval.num_windows, c, h)
-    ev_bs = min(config.eval.batch_size, len(ev_ctx))  # >= 1: specs.ReportSpec
+    ev_bs = min(config.eval.batch_size, len(ev_ctx))  # >= 1: run_spec.ReportSpec
     eval_core = jax.jit(
         eval_lib.make_eval_fn(model, c, h, ev_bs, tuple(config.eval.pass_k), token_chars)
     )
