@@ -19,6 +19,8 @@ from grpo_jax.rewards import RewardTerm
 from grpo_jax.specs import EngineSpec
 from grpo_jax.train_state import StepInputs, init_state
 
+pytestmark = pytest.mark.usefixtures("fast_compiles")  # conftest.py
+
 B, V = 2, 8
 WEIGHTS = jnp.linspace(-1.0, 1.0, V) ** 2  # a token's reward
 

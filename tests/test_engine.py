@@ -18,6 +18,8 @@ from grpo_jax.rollout import SamplingParams, token_logp
 from grpo_jax.specs import EngineSpec, GroupSpec, ObjectiveSpec
 from grpo_jax.train_state import init_state
 
+pytestmark = pytest.mark.usefixtures("fast_compiles")  # conftest.py
+
 B, G, V = 3, 4, 5
 
 

@@ -18,6 +18,8 @@ from grpo_jax.metric_writers import read_metrics
 from grpo_jax.tasks import build_task, fill_in
 from grpo_jax.train_state import TrainState
 
+pytestmark = pytest.mark.usefixtures("fast_compiles")  # conftest.py
+
 ROOT = Path(__file__).resolve().parents[1]
 STEP_METRICS = TRAIN_STEP_METRICS + ("rewards/fill_accuracy/mean",)
 

@@ -26,6 +26,8 @@ from grpo_jax.train_state import StepInputs, init_state, make_optimizer
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "experiments"))
 from measure import executed_dots, matmul_flops_of  # the FLOP counter's own jaxpr walk
 
+pytestmark = pytest.mark.usefixtures("fast_compiles")  # conftest.py
+
 
 @pytest.fixture(scope="module")
 def setup(shakespeare_path):
@@ -247,6 +249,8 @@ def test_masked_rows_do_not_dilute_the_loss(setup):
         action_mask=part.action_mask * keep[:, None],
     )
     alone = jax.tree.map(lambda x: x[:1], part)
+    # one compile per shape: run eagerly, this loss made the test take about twice as long
+    loss_fn = jax.jit(loss_fn, static_argnums=(3, 4))
     lm, (mm, _) = loss_fn(params, (masked,), (part.logp_old,), True, (True,))
     la, (ma, _) = loss_fn(params, (alone,), (alone.logp_old,), True, (True,))
     for k in ("kl", "entropy", "pg_continuation"):

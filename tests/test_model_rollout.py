@@ -12,6 +12,8 @@ from grpo_jax import rollout as ro
 from grpo_jax.model import Transformer, empty_cache, group_logits, init_params
 from grpo_jax.policy import TokenPrompts, rollout, transformer_policy
 
+pytestmark = pytest.mark.usefixtures("fast_compiles")  # conftest.py
+
 V, B, G, C, H = 11, 2, 3, 5, 6
 
 
@@ -224,7 +226,6 @@ def test_completions_stop_at_eos_and_mask_the_rest(model_params):
     np.testing.assert_array_equal(np.where(mask > 0, tokens, -1), np.where(mask > 0, free, -1))
 
 
-@pytest.mark.usefixtures("fast_compiles")
 def test_joint_attention_equals_the_shared_prefix_path_with_its_gradients():
     """model.attention="xla" (one jax.nn.dot_product_attention call per member over its
     [prompt ; own] keys, the call cuDNN fuses) gives the shared-prefix path's logits and

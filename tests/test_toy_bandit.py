@@ -15,6 +15,8 @@ from grpo_jax.metric_writers import read_metrics
 from grpo_jax.tasks import build_task
 from grpo_jax.tasks import toy_bandit as tb
 
+pytestmark = pytest.mark.usefixtures("fast_compiles")  # conftest.py
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
