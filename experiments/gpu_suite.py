@@ -44,6 +44,9 @@ the cache key). ``--jobs=1`` runs them one at a time.
   (gpu_suite_parts.rollout_floor).
 - ``attention`` (on request): the large model at 16 prompts with ``model.attention=cudnn``
   (cuDNN's fused attention in the full-sequence passes), to set beside ``large``'s.
+- ``decode`` (on request): the same with ``model.decode_attention=reduce`` (the decode
+  steps' own-cache attention as multiply-and-sums, reading each cached key and value once,
+  instead of batched matrix-vector matmuls): the rollout's time beside ``large``'s.
 - ``profile`` (on request): ``experiments/profile_step.py`` in bfloat16 on the step above and
   on the large model: a jax.profiler trace, busy time by stage (rollout's decode loop,
   reference, update's forward / backward) and by kind of work (dense and batched matmuls,
@@ -137,8 +140,12 @@ from gpu_suite_plan import MEMORY_SHARE, plan, schedule  # noqa: E402
 from versus_trl import git_state  # noqa: E402
 
 FLAGS = flags.FLAGS
-PARTS = ("step", "trl", "exhaustive", "large", "attention", "profile")
-ON_REQUEST = ("attention", "profile")  # explain a measurement rather than make one of the issue's
+PARTS = ("step", "trl", "exhaustive", "large", "attention", "decode", "profile")
+ON_REQUEST = (
+    "attention",
+    "decode",
+    "profile",
+)  # explain a measurement rather than make one of the issue's
 DEFAULT_PARTS = tuple(p for p in PARTS if p not in ON_REQUEST)  # issue 15's measurements
 flags.DEFINE_bool("smoke", False, "Every part at tiny sizes on the CPU (seconds, not minutes).")
 flags.DEFINE_list(

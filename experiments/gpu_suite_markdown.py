@@ -49,6 +49,10 @@ def markdown(raw: dict) -> str:
         lines += ["", "## Larger model, `model.attention` as its command sets it (GPU: cudnn)"]
         for batch, large in res["attention"].items():
             lines += large_section(large, batch)
+    if res.get("decode"):
+        lines += ["", "## Larger model, `model.decode_attention=reduce` (rollout beside `large`'s)"]
+        for batch, large in res["decode"].items():
+            lines += large_section(large, batch)
     for name, prof in (res.get("profile") or {}).items():
         lines += profile_section(prof, name)
     lines += ["", "## Commands", ""]

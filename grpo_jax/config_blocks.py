@@ -2,9 +2,9 @@
 
 The config files in grpo_jax/configs/ keep every field that defines an experiment (data, model,
 group, reward, objective, optimizer, schedule) with its own comment; the blocks here are the fields
-that only say where a run executes and how it reports (mesh, logging, diagnostics), documented
-once so that the three tasks cannot drift apart. Each block takes the values that differ by
-task as arguments.
+that only say where a run executes and how it reports (mesh, logging, diagnostics, how attention
+runs), documented once so that the three tasks cannot drift apart. Each block takes the values
+that differ by task as arguments.
 """
 
 import ast
@@ -86,6 +86,19 @@ def mesh_block():
     m.member = 1  # devices on the member axis: every group's members are split over it
     m.shard_params = False  # FSDP-style: shard params/optimizer state over data
     return m
+
+
+def attention_fields(m):
+    """How the transformer's attention runs (model.py): the same softmax whichever is chosen,
+    up to rounding."""
+    # attention of the full-sequence passes (prefill, reference and training forwards):
+    # shared_prefix (any device; the prompt's keys once per group) | cudnn (jax's fused flash
+    # kernel on a CUDA GPU, bfloat16/float16) | xla (the cudnn path's math, any device)
+    m.attention = "shared_prefix"
+    # decode steps against each member's own cache (one query per member): matmul (batched
+    # matrix-vector products; the faster on a CPU) | reduce (float32 multiply-and-sums that
+    # read the cache once; for GPUs, measured by experiments/gpu_suite.py --parts=decode)
+    m.decode_attention = "matmul"
 
 
 def cheap_group_fields(g, max_candidates=64, num_classes=32):

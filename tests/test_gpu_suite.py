@@ -21,7 +21,7 @@ def positive(x) -> bool:
 def test_gpu_suite_smoke(tmp_path, shakespeare_path):
     env = {**os.environ, "GRPO_JAX_DATA": str(shakespeare_path), "JAX_PLATFORMS": "cpu"}
     cmd = [sys.executable, "experiments/gpu_suite.py", "--smoke", f"--out_dir={tmp_path}"]
-    cmd.append("--parts=step,trl,exhaustive,large,attention,profile")  # the last two: named
+    cmd.append("--parts=step,trl,exhaustive,large,attention,decode,profile")  # last 3: named
     done = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
     (js,) = tmp_path.glob("gpu_suite_*.json")
@@ -38,7 +38,7 @@ def test_gpu_suite_smoke(tmp_path, shakespeare_path):
         assert device["measured_peak"][dtype] == res["probe"]["measured_peak"][dtype]
         assert "--child=peak" in res["peak"][dtype]["command"]
     assert set(res) == {"probe", "peak", "step", "trl", "exhaustive", "large", "attention",
-                        "profile"}  # fmt: skip
+                        "decode", "profile"}  # fmt: skip
     assert set(raw["part_wall_s"]) == set(res) and positive(raw["wall_s"])
     # two children at a time: every measuring child took the device lock, and no timed
     # section shared the device (peak x2, step, V x2, large, profile; TRL where installed)
@@ -71,6 +71,8 @@ def test_gpu_suite_smoke(tmp_path, shakespeare_path):
     assert "--config.model.num_layers=2" in res["large"]["2"]["command"]
     check_bench(res["attention"]["2"], "bfloat16")  # the same model, cuDNN's path through XLA
     assert "--config.model.attention=xla" in res["attention"]["2"]["command"]
+    check_bench(res["decode"]["2"], "bfloat16")  # the same model, decode by multiply-and-sums
+    assert "--config.model.decode_attention=reduce" in res["decode"]["2"]["command"]
 
     assert set(res["trl"]) == {"float32", "bfloat16"}
     for r in res["trl"].values():  # skipped where torch/trl are absent (this env), else run
@@ -96,11 +98,12 @@ def test_gpu_suite_smoke(tmp_path, shakespeare_path):
     assert positive(prof["thunk_ms_per_step"]) and positive(prof["wall_ms_per_step"])
     assert positive(prof["by_kind"]["matmul"]) and positive(prof["matmul_gflop_per_step"]["matmul"])
     assert {"rollout: decode loop", "update: backward"} <= set(prof["by_stage"])
-    # probe, peak x2, step, trl x2, V x2, large, attention, profile
-    assert len(raw["commands"]) == 1 + 2 + 1 + 2 + 2 + 1 + 1 + 1
+    # probe, peak x2, step, trl x2, V x2, large, attention, decode, profile
+    assert len(raw["commands"]) == 1 + 2 + 1 + 2 + 2 + 1 + 1 + 1 + 1
     text = md.read_text()
     for heading in ("## Targets", "## GRPO step", "## TRL GRPOTrainer", "## Exhaustive GRPO",
                     "## Larger model", "## Larger model, `model.attention` as its command",
+                    "## Larger model, `model.decode_attention=reduce`",
                     "## Where the GRPO step's time goes (step, float32",
                     "## Commands"):  # fmt: skip
         assert heading in text, heading
@@ -146,7 +149,7 @@ def check_resume(js: Path, env: dict):
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
     rerun = json.loads((js.parent / "rerun.json").read_text())["child_records"]
     kept = {r["part"] for r in rerun if "resumed_from" in r["result"]}
-    assert {"peak", "step", "large", "attention", "profile"} <= kept
+    assert {"peak", "step", "large", "attention", "decode", "profile"} <= kept
     assert "exhaustive" not in kept
     assert sum(r["part"] == "exhaustive" and "median_step_s" in r["result"] for r in rerun) == 2
     for bad, line in (
@@ -367,6 +370,7 @@ def test_the_schedule_starts_the_longest_first_and_never_overfills_memory():
     assert not any({"large 16", "large 32"} <= set(r) for r in at_start)
     assert not any({"profile large", "large 32"} <= set(r) for r in at_start)
     assert not any({"attention 16", "large 32"} <= set(r) for r in at_start)
+    assert not any({"decode 16", "large 32"} <= set(r) for r in at_start)
 
 
 def test_the_rollout_floor_counts_the_decode_loops_reads_by_hand():

@@ -51,10 +51,7 @@ def get_config(arg=None):
     c.model.mlp_ratio = 4  # MLP hidden = mlp_ratio * d_model
     c.model.dropout = 0.0  # dropout rate (the warm-up's forwards are deterministic)
     c.model.dtype = "float32"  # compute dtype: float32 | bfloat16 (params stay float32)
-    # attention of the full-sequence passes (prefill, reference and training forwards):
-    # shared_prefix (any device; the prompt's keys once per group) | cudnn (jax's fused flash
-    # kernel on a CUDA GPU, bfloat16/float16) | xla (the cudnn path's math, any device)
-    c.model.attention = "shared_prefix"
+    blocks.attention_fields(c.model)  # how attention runs: model.attention, decode_attention
     c.model.max_len = 0  # positional window; 0 -> longest prompt + max_completion_length
 
     c.pretrain = config_dict.ConfigDict()  # the supervised warm-up (answer then EOS)
