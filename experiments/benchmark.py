@@ -162,10 +162,11 @@ def per_device(config, task, mesh, peaks) -> dict:
     }
 
 
-def record(config, task, state, mesh, n_params, timing: dict) -> dict:
-    """The JSON line: the run's identity, timings, memory and breakdown (``timing``)."""
+def record(config, task, state, mesh, n_params, measured: dict) -> dict:
+    """The JSON line: the run's identity and what main() ``measured`` (compile_s,
+    step_times_s, memory, peaks, breakdown, loss, cpu_buffers, roofline or None)."""
     dev = jax.devices()[0]
-    med = timing["median_step_s"]
+    med = statistics.median(measured["step_times_s"])
     res = {
         "config_variant": config_flags.get_config_filename(FLAGS["config"]),
         "overrides": config_flags.get_override_values(FLAGS["config"]),
@@ -174,22 +175,22 @@ def record(config, task, state, mesh, n_params, timing: dict) -> dict:
         "group_mode": config.group.mode,
         "params": n_params,
         "tokens_per_step": task.tokens_per_step,
-        "compile_s": timing["compile_s"],
+        "compile_s": measured["compile_s"],
         "median_step_s": med,
         "tokens_per_s": task.tokens_per_step / med,
-        "step_times_s": timing["step_times_s"],
-        **timing["memory"],
-        "breakdown": timing["breakdown"],
-        "loss": timing["loss"],
+        "step_times_s": measured["step_times_s"],
+        **measured["memory"],
+        "breakdown": measured["breakdown"],
+        "loss": measured["loss"],
         "params_sharding": str(jax.tree.leaves(state.params)[0].sharding),
-        "cpu_buffers": timing["cpu_buffers"],
+        "cpu_buffers": measured["cpu_buffers"],
         **device_lock.report(),
     }
-    if timing["roofline"] is not None:
-        res["roofline"] = timing["roofline"]
+    if measured["roofline"] is not None:
+        res["roofline"] = measured["roofline"]
     res["mesh"] = sharding.describe(mesh) if mesh is not None else "none (plain jit)"
     if mesh is not None and jax.device_count() > 1:
-        res["per_device"] = per_device(config, task, mesh, timing["peaks"])
+        res["per_device"] = per_device(config, task, mesh, measured["peaks"])
     return res
 
 
@@ -261,10 +262,8 @@ def main(argv):
     compiled, state, metrics, compile_s, times = time_train_step(
         jstep, state, inputs, FLAGS.warmup, FLAGS.steps
     )
-    med = statistics.median(times)
-    timing = {
+    measured = {
         "compile_s": compile_s,
-        "median_step_s": med,
         "step_times_s": times,
         "memory": memory(compiled),  # before the breakdown allocates anything else
         "peaks": [(d.memory_stats() or {}).get("peak_bytes_in_use") for d in jax.devices()],
@@ -273,9 +272,10 @@ def main(argv):
         "roofline": None,
     }
     if FLAGS.roofline and step.host is None and compiled is not None:
-        timing["roofline"] = roofline(config, task, step, state, inputs, compiled, med)
-    timing["breakdown"] = breakdown(step, state, inputs, FLAGS.breakdown_runs)
-    res = record(config, task, state, mesh, n_params, timing)
+        med = statistics.median(times)
+        measured["roofline"] = roofline(config, task, step, state, inputs, compiled, med)
+    measured["breakdown"] = breakdown(step, state, inputs, FLAGS.breakdown_runs)
+    res = record(config, task, state, mesh, n_params, measured)
     report(res)
     line = json.dumps(res)
     if FLAGS.out:
