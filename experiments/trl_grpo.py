@@ -237,7 +237,9 @@ def save_random_gpt2(a: argparse.Namespace, tokenizer) -> tuple[str, int]:
     return model_dir, int(sum(p.numel() for p in gpt.parameters()))
 
 
-def versions(torch) -> dict:
+def versions() -> dict:
+    """The TRL side's software and torch's intra-op thread count."""
+    import torch
     import transformers
     import trl
 
@@ -338,7 +340,7 @@ def run(**kwargs) -> dict:
         "side": "trl",
         "device": f"{dev_name} / {'cuda' if cuda else 'cpu'}",
         "dtype": a.dtype,
-        **versions(torch),
+        **versions(),
         "model": f"GPT2LMHeadModel {a.layers}x{a.heads}x{a.width}, {a.positions} positions",
         "vocab_size": len(tokenizer),
         "params": n_params,
