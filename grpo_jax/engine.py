@@ -7,7 +7,7 @@ functions; the trainer jits them once with the state donated.
                                             and evaluate the jittable reward terms
   update(state, inputs, batch, host) -> (state, metrics)
                                             combine the rewards, score the groups
-                                            (advantages), μ optimizer updates in one
+                                            (advantages, scoring.py), μ optimizer updates in one
                                             lax.scan, the non-finite guard, metrics
 
 With only jittable rewards the two run as one program (``Step.fused``) and nothing leaves the
@@ -29,7 +29,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from grpo_jax import groups, metrics, objective, rewards
+from grpo_jax import groups, metrics, objective, rewards, scoring
 from grpo_jax.loss import make_loss
 from grpo_jax.specs import EngineSpec
 from grpo_jax.train_state import StepInputs, TrainState, keep_if_finite
@@ -171,7 +171,7 @@ def make_grpo_step(
                 None if host_out is None else host_out[i], part.token_mask,
             )  # fmt: skip
             scored.append(
-                groups.score(
+                scoring.score(
                     part,
                     forced,
                     values["total"],

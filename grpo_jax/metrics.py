@@ -24,7 +24,7 @@ may draw them).
 import jax
 import jax.numpy as jnp
 
-from grpo_jax import groups
+from grpo_jax import scoring
 
 
 def _prompt_stats(part, forced: bool):
@@ -90,7 +90,7 @@ def reward_term_metrics(terms, parts, term_values) -> dict:
         rs, ws = [], []
         for i, part in enumerate(parts):
             values, valid = term_values[i]
-            r = groups.sequence_returns(values[term.name], part.token_mask)
+            r = scoring.sequence_returns(values[term.name], part.token_mask)
             w = (part.member_mask > 0) & (values[f"{term.name}/valid"] > 0)
             rs.append(r.reshape(-1))
             ws.append(w.reshape(-1).astype(jnp.float32))

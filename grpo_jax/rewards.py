@@ -192,7 +192,7 @@ def _spread(values, mask):
 
 def device_values(terms, reward_state, part):
     """[n_terms, B, K, T] per-token values of the jittable terms on one group part (returns
-    are taken by groups.score, after the terms are combined)."""
+    are taken by scoring.score, after the terms are combined)."""
     mask = part.token_mask
     out = [
         _spread(t.fn(reward_state, part.prompts, part.tokens, mask, part.ref_logp), mask)

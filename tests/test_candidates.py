@@ -12,7 +12,7 @@ import optax
 import pytest
 from _engine_config import engine_config
 
-from grpo_jax import candidates, engine, groups, objective
+from grpo_jax import candidates, engine, groups, objective, scoring
 from grpo_jax.model import Transformer, init_params
 from grpo_jax.policy import TokenPrompts, transformer_policy
 from grpo_jax.rewards import RewardTerm
@@ -208,7 +208,7 @@ def test_return_credit_weights_continuations_by_the_first_tokens_probability():
         jnp.asarray(np.repeat(logp0[..., None], 3, -1)), jnp.arange(4)[None], jnp.ones((1, 4)),
         None, None, None, None, None, None,
     )  # fmt: skip
-    got = groups.return_credit(part, jnp.asarray(returns), jnp.asarray(ok), "none", 1)
+    got = scoring.return_credit(part, jnp.asarray(returns), jnp.asarray(ok), "none", 1)
     pi = np.exp(logp0) * ok
     b = (pi * returns).sum() / pi.sum()
     want = (returns - b) * 3 * pi / pi.sum() * ok

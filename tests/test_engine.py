@@ -9,7 +9,7 @@ import pytest
 from _engine_config import engine_config
 from ml_collections import ConfigDict
 
-from grpo_jax import groups, rewards, single_step
+from grpo_jax import groups, rewards, scoring, single_step
 from grpo_jax.loss import make_loss
 from grpo_jax.model import Transformer, init_params
 from grpo_jax.policy import TokenPrompts, policy_reference, token_logits, transformer_policy
@@ -164,7 +164,7 @@ def test_a_member_no_term_scored_gets_advantage_zero():
         mask * 0, jnp.zeros((2, 3)), mask * 0, jnp.zeros((2, 0)), jnp.ones((2, 3)),
     )  # fmt: skip
     spec = GroupSpec.from_config(_config().group)
-    scored = groups.score(part, False, combined["total"], ok, spec, "group", False, 1.0)
+    scored = scoring.score(part, False, combined["total"], ok, spec, "group", False, 1.0)
     adv = np.asarray(scored.advantages[..., 0])
     np.testing.assert_allclose(adv[0], [1.0, -1.0, 0.0], atol=1e-6)  # mean 0.5, std 0.5
     np.testing.assert_array_equal(adv[1], [0.0, 0.0, 0.0])  # a constant group: no signal

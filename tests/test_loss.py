@@ -11,7 +11,7 @@ import numpy as np
 import optax
 import pytest
 
-from grpo_jax import engine, groups, rewards
+from grpo_jax import engine, rewards, scoring
 from grpo_jax.configs.shakespeare import get_config
 from grpo_jax.data import load_corpus
 from grpo_jax.data import sample_windows as load_corpus_windows
@@ -263,14 +263,14 @@ def test_discounted_returns_weight_early_chars():
     r = jnp.asarray([[[1.0, 0.0, 0.5], [0.0, 1.0, 1.0]]])  # [B=1, K=2, H=3]
     # the mask is per token now (completions may end at EOS); member 1 is masked out whole
     mask = jnp.asarray([[1.0, 0.0]])[..., None] * jnp.ones(3)
-    got = np.asarray(groups.sequence_returns(r, mask, 0.5))
+    got = np.asarray(scoring.sequence_returns(r, mask, 0.5))
     np.testing.assert_allclose(got, [[(1.0 + 0.0 + 0.25 * 0.5) / 1.75, 0.0]], rtol=1e-6)
     ones = jnp.ones((1, 2, 3))
-    np.testing.assert_allclose(groups.sequence_returns(r, ones, 1.0), [[0.5, 2 / 3]])
-    np.testing.assert_allclose(groups.sequence_returns(r, ones, 0.0), [[1.0, 0.0]])
+    np.testing.assert_allclose(scoring.sequence_returns(r, ones, 1.0), [[0.5, 2 / 3]])
+    np.testing.assert_allclose(scoring.sequence_returns(r, ones, 0.0), [[1.0, 0.0]])
     # a completion that ended after 2 tokens: its return is over those 2 only
     short = jnp.asarray([[[1.0, 1.0, 0.0], [1.0, 1.0, 1.0]]])
-    np.testing.assert_allclose(groups.sequence_returns(r, short, 0.5), [[1.0 / 1.5, 0.75 / 1.75]])
+    np.testing.assert_allclose(scoring.sequence_returns(r, short, 0.5), [[1.0 / 1.5, 0.75 / 1.75]])
     cfg = get_config("exhaustive,tiny")
     cfg.reward.discount = 1.5
     # the check moved from the group builder to the task's validation (one check per setting)
