@@ -132,33 +132,37 @@ class GroupSpec:
             ),
             sampling=sampling,
         )
+        spec.check_relations()
+        return spec
+
+    def check_relations(self) -> None:
+        """The settings that constrain each other (each alone is checked in from_config)."""
         require(
-            mode != "sampled" or spec.value_horizon == 0,
+            self.mode != "sampled" or self.value_horizon == 0,
             "group.value_horizon",
-            spec.value_horizon,
+            self.value_horizon,
             "must be 0 with group.mode=sampled (it shortens forced members only)",
         )
-        if spec.decision_points > 1:
+        if self.decision_points > 1:
             require(
-                mode not in ("sampled", "adaptive"),
+                self.mode not in ("sampled", "adaptive"),
                 "group.decision_points",
-                spec.decision_points,
-                f"must be 1 with group.mode={mode} (decision points force groups: use "
+                self.decision_points,
+                f"must be 1 with group.mode={self.mode} (decision points force groups: use "
                 "exhaustive, pruned, hierarchical or guided)",
             )
             require(
-                spec.value_horizon > 0,
+                self.value_horizon > 0,
                 "group.decision_points",
-                spec.decision_points,
+                self.decision_points,
                 "must be 1 unless group.value_horizon > 0 (later decision points need room)",
             )
         require(
-            spec.guide_top_k_confident <= spec.guide_top_k,
+            self.guide_top_k_confident <= self.guide_top_k,
             "group.guide_top_k_confident",
-            spec.guide_top_k_confident,
-            f"must be <= group.guide_top_k={spec.guide_top_k}",
+            self.guide_top_k_confident,
+            f"must be <= group.guide_top_k={self.guide_top_k}",
         )
-        return spec
 
     def check_vocab(self, vocab_size: int, horizon: int | None = None) -> None:
         """Relations to the task's vocabulary (and completion length), checked before anything
