@@ -32,7 +32,7 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 import numpy as np
-from comparison_report import budget_summary
+from equal_compute_report import budget_summary
 
 from grpo_jax import sharding, trainer
 from grpo_jax.tasks import build_task
@@ -304,12 +304,14 @@ def warm_start(config, root, fresh: bool) -> str:
 
 
 def comparison_record(results, seeds, budget, n_points, meta: dict) -> dict:
-    """The run's JSON: ``meta`` (device, command, overrides, note) and ``results`` of
-    run_comparison, with the summary against the sampled mode (else the first mode)."""
+    """The run's JSON: ``meta`` (device, command, overrides, note), this process's jax version
+    (the report names it, not the rendering process's) and ``results`` of run_comparison,
+    with the summary against the sampled mode (else the first mode)."""
     runs, ran, infos, metrics = results
     reference = "sampled" if "sampled" in runs else next(iter(runs))
     return {
         **meta,
+        "jax": jax.__version__,
         "seeds": list(seeds),
         "seeds_parallel": True,
         "modes": list(runs),

@@ -6,7 +6,7 @@ number of optimizer steps through the library's trainer (``trainer.train_and_eva
 workdir per run), seeds one after another; or, with ``--vmap_seeds``, all seeds of a mode
 as one program (``sharding.make_multi_seed_step``: the train step vmapped over a leading seed
 axis of the state, purejaxrl-style; the same figures as separate runs, tested to 1e-5 in
-tests/test_sharding.py) with a lean loop here: no checkpoints, no char heatmap. Writes,
+tests/test_sharding.py) with a lean loop: no checkpoints, no char heatmap. Writes,
 under ``--out_dir``:
 
   exhaustive_vs_sampled.md        the table (mean ± std over seeds, and min–max), device, command
@@ -81,42 +81,31 @@ the steps its lr schedule spans):
 
 ``--config`` names the config file and its size tokens (``full``/``tiny``); the group mode
 comes from ``--modes`` (each mode uses the file's ``:<mode>`` variant, e.g. ``:sampled`` is
-G=4); ``--config.x=y`` overrides apply to every mode. The summary, table and plots are
-rendered by experiments/comparison_report.py; this script runs and records.
+G=4); ``--config.x=y`` overrides apply to every mode. This script parses the flags, runs
+and records: the equal-step runs are experiments/equal_steps.py's, the equal-compute ones
+experiments/equal_compute.py's; the summary, table and plots are rendered by
+experiments/comparison_report.py (equal steps) and experiments/equal_compute_report.py
+(equal compute).
 """
 
-import functools
 import json
 import os
 import shlex
 import shutil
-import statistics
 import sys
-import time
 from pathlib import Path
 
 import equal_compute
+import equal_steps
 import jax
-import jax.numpy as jnp
 from absl import app, flags, logging
-from comparison_report import (
-    EVAL_METRICS,
-    render_budget,
-    summarize,
-    write_markdown,
-    write_plots,
-)
+from comparison_report import summarize, write_markdown, write_plots
+from equal_compute_report import render_budget
 from ml_collections import config_dict, config_flags
 
-from grpo_jax import config_blocks, sharding, trainer
-from grpo_jax import data as data_lib
-from grpo_jax import rollout as ro
-from grpo_jax.metric_writers import read_metrics
-from grpo_jax.model import make_model
-from grpo_jax.objective import entropy_from_logits
-from grpo_jax.policy import TokenPrompts, transformer_policy
+from grpo_jax import config_blocks
 from grpo_jax.specs import GROUP_MODES
-from grpo_jax.tasks import build_task, shakespeare
+from grpo_jax.tasks import build_task
 
 FLAGS = flags.FLAGS
 config_flags.DEFINE_config_file(
@@ -167,85 +156,6 @@ def load_config(flag, entry: str):
     for item in settings:
         config_blocks.set_field(config, *item.split("=", 1))
     return config
-
-
-@functools.cache
-def _first_logits(model, horizon: int):
-    """The policy's first-token logits on a context batch, jitted once per model (a hashable
-    flax module): the Shakespeare task's own policy (policy.transformer_policy) at
-    temperature 1. The task does not hand out its model, so only the module is rebuilt here
-    from the config, as the task builds it."""
-    policy = transformer_policy(
-        model, ro.SamplingParams(temperature=1.0, top_k=0, top_p=1.0), horizon
-    )
-    return jax.jit(lambda params, ctx: policy.prefill(params, TokenPrompts(ctx, None, {}))[0])
-
-
-def held_out_entropy(config, params, vocab_size: int):
-    """Mean policy entropy (nats, temperature 1) of the first char on the eval windows."""
-    c, h = config.data.context_len, config.data.horizon
-    max_len = config.model.max_len or c + h
-    model = make_model(config.model, vocab_size, max_len)
-    corpus = shakespeare.load_corpus(config.data)  # chars or BPE, as the task's
-    ctx, _ = data_lib.eval_windows(corpus.val, config.eval.num_windows, c, h)
-    first_logits = _first_logits(model, h)(params, jnp.asarray(ctx))
-    return float(entropy_from_logits(first_logits.astype(jnp.float32)).mean())
-
-
-def run_one(config, workdir: Path):
-    if FLAGS.fresh and workdir.exists():
-        shutil.rmtree(workdir)
-    t0 = time.perf_counter()
-    state, last = trainer.train_and_evaluate(config, str(workdir), "train")
-    jax.block_until_ready(state.params)
-    wall = time.perf_counter() - t0
-    rows = read_metrics(workdir)
-    return state, last, rows, wall
-
-
-def run_vmapped(config, seeds, task):
-    """Every seed of one mode in one program: the step vmapped over a seed axis of the state.
-
-    Returns, per seed, (params, last metrics, metrics rows like metrics.jsonl's) and the wall
-    time of the whole set. ``config`` is the first seed's; each seed gets its own rng and its
-    own init (or all load ``init_from``), exactly as separate runs would."""
-    t0 = time.perf_counter()
-    try:
-        step, inputs, states = equal_compute.vmapped_setup(config, seeds, task)
-    except ValueError as e:
-        raise app.UsageError(f"--vmap_seeds: {e}") from e
-    multi = jax.jit(sharding.make_multi_seed_step(step.fused), donate_argnums=0)
-    tc, n = config.train, len(seeds)
-    rows = [[] for _ in seeds]
-    last = [{} for _ in seeds]
-    t_last, since = time.perf_counter(), 0
-    for step in range(tc.num_steps):
-        states, metrics = multi(states, inputs)
-        since += 1
-        done = step + 1
-        if done % tc.log_every == 0 or done == tc.num_steps:
-            host = jax.device_get({k: v for k, v in metrics.items() if v.ndim == 1})
-            dt = (time.perf_counter() - t_last) / since  # one step of all seeds together
-            for i in range(n):
-                row = {k: float(v[i]) for k, v in host.items()}
-                row.update(step=done, step_time_s=dt)
-                rows[i].append(row)
-                last[i].update(row)
-            t_last, since = time.perf_counter(), 0
-        if done % tc.eval_every == 0 or done == tc.num_steps:
-            for i in range(n):
-                scalars, _ = task.evaluate(sharding.unstack_state(states, i).params)
-                rows[i].append({"step": done, **scalars})
-                last[i].update(scalars)
-            t_last = time.perf_counter()
-    params = [sharding.unstack_state(states, i).params for i in range(n)]
-    jax.block_until_ready(params)
-    return params, last, rows, time.perf_counter() - t0
-
-
-def curve(rows, key, init_value):
-    pts = [(0, init_value)] + [(int(r["step"]), r[key]) for r in rows if key in r]
-    return [p[0] for p in pts], [float(p[1]) for p in pts]
 
 
 def device_text() -> str:
@@ -327,20 +237,17 @@ def run_budget(out_dir: Path, seeds) -> str:
 def run_steps(out_dir: Path, seeds) -> str:
     """The step-count comparison: every mode takes the same number of optimizer steps."""
     runs, configs = {}, {}  # mode -> list of per-seed dicts; mode -> the first seed's config
-    init_evals, eval_task = {}, None
+    first = run_config(FLAGS.modes[0], seeds[0])
+    eval_task = build_task(first, "train")  # one task's compiled eval serves every run
+    # the initial policy's held-out figures, the same for every mode at a seed
+    init_evals = equal_compute.initial_evals(first, seeds, eval_task)
+    root, vmapped = Path(FLAGS.workdir_root), FLAGS.vmap_seeds
     for mode in FLAGS.modes:
         cfgs = [run_config(mode, seed) for seed in seeds]
-        for config in cfgs:
-            # the initial policy's held-out figures (the same for every mode at a seed);
-            # one task's compiled eval serves every seed
-            if config.seed not in init_evals:
-                eval_task = eval_task or build_task(config, "train")
-                init = trainer.initial_params(config, eval_task)
-                init_evals[config.seed] = eval_task.evaluate(init)[0]
         configs[mode] = cfgs[0]
-        per_seed = train_mode(mode, cfgs, seeds)
+        per_seed = equal_steps.train_mode(mode, cfgs, seeds, vmapped, root, FLAGS.fresh)
         for config, result in zip(cfgs, per_seed, strict=True):
-            rec = step_record(config, result, init_evals[config.seed], eval_task)
+            rec = equal_steps.step_record(config, result, init_evals[config.seed], eval_task)
             runs.setdefault(mode, []).append(rec)
             print(
                 f"  seed {rec['seed']}: wall {rec['wall_s']:.1f}s  "
@@ -358,6 +265,7 @@ def run_steps(out_dir: Path, seeds) -> str:
     pngs = write_plots(runs, out_dir, device, FLAGS.name)
     raw = {
         "device": device,
+        "jax": jax.__version__,  # the measuring process's: a re-render names it, not its own
         "command": command_line(),
         "overrides": dict(config_flags.get_override_values(FLAGS["config"])),
         "seeds": seeds,
@@ -372,55 +280,6 @@ def run_steps(out_dir: Path, seeds) -> str:
     md = write_markdown(raw, configs, pngs, FLAGS.note)
     (out_dir / f"{FLAGS.name}.md").write_text(md)
     return md
-
-
-def train_mode(mode, cfgs, seeds):
-    """Per seed (params, last metrics, metrics rows, wall time, workdir or None)."""
-    if FLAGS.vmap_seeds:
-        print(f"[{mode} seeds {seeds}] {cfgs[0].train.num_steps} steps, vmapped", flush=True)
-        task = build_task(cfgs[0], "train")
-        params, lasts, rowss, wall = run_vmapped(cfgs[0], seeds, task)
-        wall /= len(seeds)  # the set's wall time, shared out
-        per_seed = zip(params, lasts, rowss, strict=True)
-        return [(p, last, rows, wall, None) for p, last, rows in per_seed]
-    per_seed = []
-    for config in cfgs:
-        workdir = Path(FLAGS.workdir_root) / mode / f"seed_{config.seed}"
-        print(f"[{mode} seed {config.seed}] -> {workdir}", flush=True)
-        state, last, rows, wall = run_one(config, workdir)
-        per_seed.append((state.params, last, rows, wall, workdir))
-    return per_seed
-
-
-def step_record(config, result, init_scalars, eval_task) -> dict:
-    """One run's record in the step-count JSON."""
-    p, last, rows, wall, workdir = result
-    # the first logged interval includes the step's compilation: left out
-    step_times = [r["step_time_s"] for r in rows if "step_time_s" in r]
-    step_times = step_times[1:] or step_times
-    best_id = int(last["eval/best_char_id"])
-    return {
-        "seed": config.seed,
-        "workdir": str(workdir) if workdir else None,
-        "wall_s": wall,
-        "median_step_time_s": statistics.median(step_times) if step_times else None,
-        "steps": int(config.train.num_steps),
-        "best_char": eval_task.vocab.decode([best_id]),
-        "best_char_frac": last.get("eval/best_char_frac"),
-        "train_entropy": last.get("entropy"),
-        "entropy_decision": last.get("entropy_decision"),
-        "heldout_first_char_entropy": held_out_entropy(config, p, eval_task.vocab.size),
-        "final": {k: v for k, v in last.items() if k.startswith("eval/")},
-        # step metrics under the trainer's (TRL's) names; records written before the
-        # engine refactor say reward_mean for reward (nothing in the report reads these)
-        "train_final": {k: last[k] for k in ("reward", "reward_spread", "kl", "loss") if k in last},
-        "init": init_scalars,
-        "curves": {k: curve(rows, k, init_scalars[k]) for k in EVAL_METRICS},
-        "train_curves": {
-            k: [(int(r["step"]), float(r[k])) for r in rows if k in r]
-            for k in ("reward", "entropy")
-        },
-    }
 
 
 def command_line():

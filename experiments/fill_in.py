@@ -38,7 +38,15 @@ from pathlib import Path
 import jax
 import jax.numpy as jnp
 import numpy as np
-from fill_in_report import REWARD, TRAIN_STATS, has_train_value, markdown, metric_keys, plot
+from fill_in_report import (
+    REWARD,
+    TRAIN_STATS,
+    has_train_value,
+    markdown,
+    metric_keys,
+    plot,
+    setting_of,
+)
 from fill_in_report import train_value as value
 
 from grpo_jax import checkpoint as ckpt_lib
@@ -163,7 +171,11 @@ def main():
     jflags = [f"--config.judge.negatives_from={gen}"]
     cmds["judge"] = run_stage("judge", judge, "train_judge", jflags, c.judge.num_steps, args, times)
     common = [f"--config.judge.checkpoint={judge}", f"--config.init_from={gen}"]
-    step0, keys, n = step0_eval([], gen, judge, args.config), metric_keys(c), c.train.num_steps
+    step0, keys, n = (
+        step0_eval([], gen, judge, args.config),
+        metric_keys(setting_of(c)),
+        c.train.num_steps,
+    )
     runs = []
     for s in seeds:
         wd, flags = root / f"grpo_s{s}", [*common, f"--config.seed={s}"]
@@ -189,6 +201,10 @@ def main():
     ab = json.loads(ab_path.read_text()) if ab_path.exists() else None
     summary = {
         "device": args.device,
+        "root": str(root),
+        "config_path": args.config,
+        "setting": setting_of(c),
+        "window": args.window,
         "commands": cmds,
         "wall_s": times,
         "seeds": seeds,
@@ -201,7 +217,7 @@ def main():
     out.mkdir(parents=True, exist_ok=True)
     (out / "fill_in.json").write_text(json.dumps(summary, indent=1))
     plot(runs, seeds, base, out / "fill_in_curves.png")
-    md = markdown(summary, c, ab, root, args.window, args.config)
+    md = markdown(summary, ab)
     (out / "fill_in.md").write_text("\n".join(md))
     print(f"wrote {out / 'fill_in.md'}")
 

@@ -4,15 +4,23 @@ Renders the runner's summary (the dict it writes to fill_in.json) and the ablati
 (fill_in_ablation.json) as markdown tables, the verdict and the learning-curve figure; it
 runs nothing. ``metric_keys`` names the held-out metrics both the runner and the tables use.
 
+The summary holds everything the report reads, the run's settings included (``setting``:
+SETTING_FIELDS of the config it ran), so a record renders as it was measured whatever the
+config says today.
+
 Train metrics carry the trainer's (TRL's) names, ``reward`` and ``rewards/fill_accuracy/mean``.
 Summaries and workdirs from before the engine refactor (the committed fill_in.json among
-them) carry the old ``reward_mean`` and ``sample_fill_accuracy``: ``train_value`` reads
-either, so an old summary still renders.
+them) carry the old ``reward_mean`` and ``sample_fill_accuracy``, and ``eval/pass@k`` for
+``eval/pass_at_k``: ``markdown`` renames the eval ones (metric_writers.current_names, the same
+metrics) and keeps the train ones (``train_names``: the old fill accuracy was defined
+otherwise), so an old summary still renders; ``train_value`` reads a workdir's either way.
 """
 
 from pathlib import Path
 
 import numpy as np
+
+from grpo_jax.metric_writers import current_names
 
 REWARD, FILL_ACC = "reward", "rewards/fill_accuracy/mean"
 TRAIN_STATS = (REWARD, FILL_ACC, "kl", "entropy")  # the train metrics the summary keeps
@@ -42,9 +50,23 @@ wrong ones right. Supervised distillation of the exact single-char optimum into 
 generator (not GRPO; rows `distill_*`) did no better on 2-3-char spans."""
 
 
-def metric_keys(cfg):
+# the config fields the report names (setting_of), kept in the summary as the run had them
+SETTING_FIELDS = (
+    "data.window_len", "data.span_min", "data.span_max", "model.num_layers", "model.d_model",
+    "pretrain.num_steps", "judge.num_steps", "judge.corruptions", "judge.reward", "group.size",
+    "group.temperature", "train.batch_size", "train.num_steps", "optim.learning_rate",
+    "grpo.beta", "grpo.advantage_scale", "grpo.num_iterations", "eval.num_windows",
+)  # fmt: skip
+
+
+def setting_of(cfg) -> dict:
+    """SETTING_FIELDS of a config, by dotted name."""
+    return {name: cfg[name.split(".")[0]][name.split(".")[1]] for name in SETTING_FIELDS}
+
+
+def metric_keys(setting: dict):
     """EVAL_KEYS and the greedy accuracy per span length (eval/fill_accuracy/lenK)."""
-    spans = range(cfg.data.span_min, cfg.data.span_max + 1)
+    spans = range(setting["data.span_min"], setting["data.span_max"] + 1)
     return (*EVAL_KEYS, *(f"eval/fill_accuracy/len{k}" for k in spans))
 
 
@@ -90,14 +112,23 @@ def mean_std_table(runs, keys):
     return table(["step", *map(short, keys)], rows)
 
 
+def train_names(runs) -> dict:
+    """REWARD and FILL_ACC as the record names them: a run from before the engine refactor
+    logged OLD_NAMES, and its FILL_ACC was defined otherwise (train_section), so its report
+    keeps them."""
+    row = runs[0]["train_windows"][0]
+    return {k: k if k in row else old for k, old in OLD_NAMES.items()}
+
+
 def windows_table(runs, seeds):
-    head = ["steps", *(f"{REWARD} s{s}" for s in seeds), f"{REWARD} (mean)"]
-    head += [f"{FILL_ACC} (mean)", "kl (mean)"]
+    reward, fill_acc = train_names(runs).values()
+    head = ["steps", *(f"{reward} s{s}" for s in seeds), f"{reward} (mean)"]
+    head += [f"{fill_acc} (mean)", "kl (mean)"]
     rows = []
     for i, w in enumerate(runs[0]["train_windows"]):
-        at = lambda k: [train_value(r["train_windows"][i], k) for r in runs]
-        rs = at(REWARD)
-        means = (np.mean(rs), np.mean(at(FILL_ACC)), np.mean(at("kl")))
+        at = lambda k: [r["train_windows"][i][k] for r in runs]
+        rs = at(reward)
+        means = (np.mean(rs), np.mean(at(fill_acc)), np.mean(at("kl")))
         rows.append([w["steps"], *map(fmt, rs), *map(fmt, means)])
     return table(head, rows)
 
@@ -179,10 +210,11 @@ def verdict(runs, seeds, opt, base, ab, keys):
             f"per seed {', '.join(f'{x:+.4f}' for x in d)}; seed std of the final "
             f"{sd(final[k]):.4f})"
         )
-    w0 = [train_value(r["train_windows"][0], REWARD) for r in runs]
-    w1 = [train_value(r["train_windows"][-1], REWARD) for r in runs]
+    reward = train_names(runs)[REWARD]
+    w0 = [r["train_windows"][0][reward] for r in runs]
+    w1 = [r["train_windows"][-1][reward] for r in runs]
     pairs = ", ".join(f"{a:.3f}→{b:.3f}" for a, b in zip(w0, w1, strict=True))
-    md.append(f"* train {REWARD}, first vs last window: per seed {pairs}")
+    md.append(f"* train {reward}, first vs last window: per seed {pairs}")
     rises = {short(k): bool(np.all(final[k] > first[k])) for k in keys}
     gain = final["eval/fill_accuracy"] - first["eval/fill_accuracy"]
     word = "RISES" if rises["fill_accuracy"] else "does NOT rise"
@@ -210,97 +242,149 @@ def verdict(runs, seeds, opt, base, ab, keys):
     return md
 
 
-def markdown(summary, cfg, ab, root, window, config_path):
-    """fill_in.md's lines: ``summary`` is fill_in.json's dict, ``ab`` the ablation file's (or
-    None), ``cfg`` the committed config at ``config_path``, ``window`` the train steps per
-    reward window and ``root`` the workdirs' folder (both as the runner was given)."""
-    c, keys, seeds = cfg, metric_keys(cfg), summary["seeds"]
-    runs = [summary["grpo"][f"seed{s}"] for s in seeds]
-    opt, baseline = summary["single_char_optimum"], summary["baseline"]
-    base = baseline["grpo"] if baseline else None
-    times, cmds = summary["wall_s"], summary["commands"]
-    judge_eval, gen_eval = summary["judge_final_eval"], summary["generator_final_eval"]
-    minutes = sum(times.values()) / 60
-    gen_line = (
-        f"Supervised generator after {gen_eval['step']} steps (its last held-out eval while "
-        f"pretraining, = step 0 below): greedy {fmt(gen_eval['eval/fill_accuracy'])}, sampled "
-        f"{fmt(gen_eval['eval/sampled_fill_accuracy'])}."
-    )
-    judge_rows = [[short(k), fmt(v)] for k, v in judge_eval.items() if k.startswith("eval/")]
-    md = [
+def commands_section(summary) -> list[str]:
+    """The title, the runner's command and every stage's, and the wall-clock per stage."""
+    seeds, times, root = summary["seeds"], summary["wall_s"], summary["root"]
+    baseline = summary["baseline"]["grpo"] if summary["baseline"] else None
+    return [
         "# Single-step fill-in with a judge: GRPO against a frozen judge",
         "",
         f"Device: {summary['device']}; no accelerator. Produced by `experiments/fill_in.py` (root "
-        f"`{root}`) with the committed defaults of `{config_path}`.",
+        f"`{root}`) with the committed defaults of `{summary['config_path']}`.",
         "",
         "## Commands",
         "",
         "```bash",
         "export GRPO_JAX_DATA=/work/shared/data/tinyshakespeare.txt",
         f"python experiments/fill_in.py --root={root} --seeds={','.join(map(str, seeds))}"
-        + (" --baseline" if base else ""),
+        + (" --baseline" if baseline else ""),
         "# which ran:",
-        *cmds.values(),
+        *summary["commands"].values(),
         "```",
         "",
         "Wall-clock per stage (s; the 2-core CPU was shared with another process): "
         + ", ".join(f"{k} {v}" for k, v in times.items())
-        + f"; total {minutes:.1f} min.",
+        + f"; total {sum(times.values()) / 60:.1f} min.",
         "",
+    ]
+
+
+def setting_section(c: dict) -> list[str]:
+    """What was trained (the run's SETTING_FIELDS), and why its T and β."""
+    return [
         "## Setting",
         "",
-        f"* Window {c.data.window_len} chars, one masked span of {c.data.span_min}-"
-        f"{c.data.span_max} chars; generator and judge are {c.model.num_layers}x"
-        f"{c.model.d_model} bidirectional encoders.",
-        f"* Supervised generator (`--mode=pretrain`, {c.pretrain.num_steps} steps): the GRPO "
+        f"* Window {c['data.window_len']} chars, one masked span of {c['data.span_min']}-"
+        f"{c['data.span_max']} chars; generator and judge are {c['model.num_layers']}x"
+        f"{c['model.d_model']} bidirectional encoders.",
+        f"* Supervised generator (`--mode=pretrain`, {c['pretrain.num_steps']} steps): the GRPO "
         "init, the frozen KL reference, and the source of the judge's `generator` negatives.",
-        f"* Judge (`--mode=train_judge`, {c.judge.num_steps} steps): real windows vs. windows "
-        f"whose span is corrupted by one of `{c.judge.corruptions}`.",
-        f"* GRPO: reward = the frozen judge's window `{c.judge.reward}` of the filled window "
-        f"(nothing else; it never sees the original), G={c.group.size} fills per window "
-        f"sampled at T={c.group.temperature}, {c.train.batch_size} windows/step, "
-        f"{c.train.num_steps} steps, lr {c.optim.learning_rate} (cosine over all num_steps x "
-        f"mu updates), exact KL to the reference with beta={c.grpo.beta}, advantages "
-        f"`{c.grpo.advantage_scale}`, mu={c.grpo.num_iterations}.",
+        f"* Judge (`--mode=train_judge`, {c['judge.num_steps']} steps): real windows vs. windows "
+        f"whose span is corrupted by one of `{c['judge.corruptions']}`.",
+        f"* GRPO: reward = the frozen judge's window `{c['judge.reward']}` of the filled window "
+        f"(nothing else; it never sees the original), G={c['group.size']} fills per window "
+        f"sampled at T={c['group.temperature']}, {c['train.batch_size']} windows/step, "
+        f"{c['train.num_steps']} steps, lr {c['optim.learning_rate']} (cosine over all num_steps x "
+        f"mu updates), exact KL to the reference with beta={c['grpo.beta']}, advantages "
+        f"`{c['grpo.advantage_scale']}`, mu={c['grpo.num_iterations']}.",
         "",
         WHY,
         "",
+    ]
+
+
+def judge_section(summary) -> list[str]:
+    """The judge's and the supervised generator's final held-out figures."""
+    judge_eval, gen_eval = summary["judge_final_eval"], summary["generator_final_eval"]
+    judge_rows = [[short(k), fmt(v)] for k, v in judge_eval.items() if k.startswith("eval/")]
+    return [
         "## Judge (held-out real-vs-corrupted, its own corruptions, fixed val windows)",
         "",
         *table(["metric", "value"], judge_rows),
         "",
-        gen_line,
+        f"Supervised generator after {gen_eval['step']} steps (its last held-out eval while "
+        f"pretraining, = step 0 below): greedy {fmt(gen_eval['eval/fill_accuracy'])}, sampled "
+        f"{fmt(gen_eval['eval/sampled_fill_accuracy'])}.",
         "",
+    ]
+
+
+def heldout_section(runs, seeds, keys, c: dict) -> list[str]:
+    """The GRPO runs' held-out metrics at each eval step: over seeds, then seed by seed."""
+    lines = [
         f"## GRPO: held-out metrics (mean ± std over seeds {', '.join(map(str, seeds))})",
         "",
         "`fill_accuracy`: greedy fill = original char, share of masked chars (`/lenK`: spans "
         "of K chars); `sampled_fill_accuracy`: mean π(original char) at T = 1; `pass@k`: a "
         "whole span restored in k samples at T = 1 (exact); `judge_reward`: the judge's reward "
         f"of the greedy fills. Step 0 is the supervised generator. All on the same "
-        f"{c.eval.num_windows} held-out windows and spans.",
+        f"{c['eval.num_windows']} held-out windows and spans.",
         "",
         *mean_std_table(runs, keys),
         "",
     ]
     for s, r in zip(seeds, runs, strict=True):
-        md += [f"Seed {s}:", "", *eval_table(r["eval"], keys), ""]
-    md += [
-        f"## GRPO: train {REWARD} per {window}-step window",
+        lines += [f"Seed {s}:", "", *eval_table(r["eval"], keys), ""]
+    return lines
+
+
+def train_section(runs, seeds, window, c: dict) -> list[str]:
+    """The train reward per window of steps, per seed and its mean."""
+    reward, fill_acc = train_names(runs).values()
+    over = f"(train `{fill_acc}` is over the T = {c['group.temperature']} samples"
+    if fill_acc == FILL_ACC:
+        over += ": per member the share of its span's chars equal to the original, averaged "
+        over += "over members.)"
+    else:
+        over += (
+            ", pooled over all sampled chars: this run predates the engine refactor, which "
+            f"renamed `{reward}` to `{REWARD}` and averages each member's share in `{FILL_ACC}`.)"
+        )
+    return [
+        f"## GRPO: train {reward} per {window}-step window",
         "",
-        f"(train `{FILL_ACC}` is over the T = {c.group.temperature} samples: per member the "
-        "share of its span's chars equal to the original, averaged over members; runs before "
-        "the engine refactor logged it as `sample_fill_accuracy`, pooled over all sampled "
-        f"chars, and their `{REWARD}` as `reward_mean`.)",
+        over,
         "",
         *windows_table(runs, seeds),
         "",
+    ]
+
+
+def baseline_section(baseline, keys) -> list[str]:
+    """The run with the previous GRPO defaults, if there was one."""
+    if not baseline:
+        return []
+    return [
+        "## Baseline: the previous GRPO defaults, same judge (seed 0)",
+        "",
+        f"`{' '.join(baseline['flags'])}` (with the lr-schedule fix):",
+        "",
+        *eval_table(baseline["grpo"]["eval"], keys),
+        "",
+    ]
+
+
+def markdown(summary, ab):
+    """fill_in.md's lines: ``summary`` is fill_in.json's dict, ``ab`` the ablation file's (or
+    None)."""
+    summary = current_names(summary)
+    c, seeds = summary["setting"], summary["seeds"]
+    keys, runs = metric_keys(c), [summary["grpo"][f"seed{s}"] for s in seeds]
+    baseline = summary["baseline"]
+    base = baseline["grpo"] if baseline else None
+    opt = summary["single_char_optimum"]
+    return [
+        *commands_section(summary),
+        *setting_section(c),
+        *judge_section(summary),
+        *heldout_section(runs, seeds, keys, c),
+        *train_section(runs, seeds, summary["window"], c),
         "## Verdict",
         "",
         *verdict(runs, seeds, opt, base, ab, keys),
         "",
+        *baseline_section(baseline, keys),
+        *ablation_section(ab),
+        "![learning curves](fill_in_curves.png)",
+        "",
     ]
-    if base is not None:
-        md += ["## Baseline: the previous GRPO defaults, same judge (seed 0)", ""]
-        md += [f"`{' '.join(baseline['flags'])}` (with the lr-schedule fix):", ""]
-        md += [*eval_table(base["eval"], keys), ""]
-    return md + ablation_section(ab) + ["![learning curves](fill_in_curves.png)", ""]

@@ -11,6 +11,7 @@ import math
 import sys
 from pathlib import Path
 
+import jax
 import numpy as np
 import pytest
 
@@ -19,8 +20,8 @@ from grpo_jax.config_blocks import load_config
 pytestmark = pytest.mark.usefixtures("fast_compiles")  # conftest.py
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "experiments"))
-import comparison_report  # noqa: E402
 import equal_compute  # noqa: E402
+import equal_compute_report  # noqa: E402
 
 BUDGET, POINTS, SEEDS = 1200, 4, (0, 1, 2)
 METRICS = ["eval/next_char_accuracy", "eval/rollout_accuracy"]
@@ -86,8 +87,9 @@ def test_summary_is_in_standard_errors_of_the_difference(raw):
 
 
 def test_report_renders(raw, tmp_path):
-    md = comparison_report.render_budget(raw, tmp_path, "ec")
+    md = equal_compute_report.render_budget(raw, tmp_path, "ec")
     assert (tmp_path / "ec.md").read_text() == md
+    assert raw["jax"] == jax.__version__ and f"(jax {jax.__version__})" in md  # the run's
     for key in METRICS:
         for axis in ("seconds", "tokens"):
             png = tmp_path / f"ec_{key.split('/')[-1]}_{axis}.png"

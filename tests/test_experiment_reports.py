@@ -6,14 +6,19 @@ import sys
 from pathlib import Path
 
 import pytest
+from ml_collections import config_dict
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "experiments/results"
 sys.path.insert(0, str(ROOT / "experiments"))
 
+import comparison_report  # noqa: E402
+import equal_compute_report  # noqa: E402
+import fill_in_report  # noqa: E402
 import gpu_suite_markdown  # noqa: E402
 import roofline  # noqa: E402
 import scaling_report  # noqa: E402
+import toy_grpo  # noqa: E402
 import versus_trl_report  # noqa: E402
 import xla_profile  # noqa: E402
 
@@ -57,3 +62,79 @@ def test_cpu_profiles_render_to_their_markdown(name):
     measured = {**json.loads(record.read_text())}
     measured["unattributed"] = {"ms_per_step": 0.0, "events_per_step": 0.0, "names": []}
     assert "- every traced event of the step was attributed" in xla_profile.markdown(measured)
+
+
+@pytest.mark.parametrize(
+    "name",
+    ["exhaustive_vs_sampled", "exhaustive_vs_sampled_beta0", "exhaustive_vs_sampled_equal_time"],
+)
+def test_step_comparison_records_render_to_their_markdown(name, tmp_path):
+    """As exhaustive_vs_sampled.py --report_only renders a step-count record."""
+    record = RESULTS / f"{name}.json"
+    raw = json.loads(record.read_text())
+    configs = {m: config_dict.ConfigDict(c) for m, c in raw["configs"].items()}
+    pngs = comparison_report.write_plots(raw["runs"], tmp_path, raw["device"], name)
+    md = comparison_report.write_markdown(raw, configs, pngs, raw.get("note", ""))
+    assert md == record.with_suffix(".md").read_text()
+    other = comparison_report.write_markdown({**raw, "jax": "9.9.9"}, configs, pngs, "")
+    assert "(jax 9.9.9)" in other  # the measuring process's version, from the record
+
+
+@pytest.mark.parametrize(
+    "name",
+    [
+        "equal_compute_arithmetic_wall",
+        "equal_compute_beta0_wall",
+        "equal_compute_bpe1024_wall",
+        "equal_compute_tokens",
+        "equal_compute_wall",
+        "equal_compute_wall_more",
+    ],
+)
+def test_equal_compute_records_render_to_their_markdown(name, tmp_path):
+    record = RESULTS / f"{name}.json"
+    raw = json.loads(record.read_text())
+    assert (
+        equal_compute_report.render_budget(raw, tmp_path, name)
+        == record.with_suffix(".md").read_text()
+    )
+    other = equal_compute_report.render_budget({**raw, "jax": "9.9.9"}, tmp_path, name)
+    assert "(jax 9.9.9)" in other
+
+
+def test_toy_record_renders_to_its_table():
+    summary = json.loads((RESULTS / "toy_summary.json").read_text())
+    assert toy_grpo.markdown(summary) == (RESULTS / "toy_table.md").read_text()
+
+
+@pytest.mark.parametrize(
+    "flags, message",
+    [
+        (["--early=15", "--steps=20"], "--early=15 is not an evaluated iteration"),
+        (["--early=30", "--steps=20"], "multiple of 10 up to 20, or 20"),
+        (["--early=20", "--seeds=0,x"], "--seeds takes integers"),
+    ],
+)
+def test_toy_flags_are_checked_before_any_training(flags, message):
+    with pytest.raises(SystemExit, match=message):
+        toy_grpo.parse_args(flags)
+
+
+def test_fill_in_record_renders_to_its_markdown():
+    """The committed record predates the engine refactor's names: its eval pass@k renders as
+    pass_at_k (the same metric), its train metrics keep their old names (the old fill accuracy
+    pooled chars); a record with today's train names renders those."""
+    summary = json.loads((RESULTS / "fill_in.json").read_text())
+    ab = json.loads((RESULTS / "fill_in_ablation.json").read_text())
+    md = "\n".join(fill_in_report.markdown(summary, ab))
+    assert md == (RESULTS / "fill_in.md").read_text()
+    assert "## GRPO: train reward_mean per 300-step window" in md
+    renamed = {"reward_mean": "reward", "sample_fill_accuracy": "rewards/fill_accuracy/mean"}
+    for run in summary["grpo"].values():
+        run["train_windows"] = [
+            {renamed.get(k, k): v for k, v in w.items()} for w in run["train_windows"]
+        ]
+    today = "\n".join(fill_in_report.markdown(summary, ab))
+    assert "## GRPO: train reward per 300-step window" in today
+    assert "| steps | reward s0 | reward s1 | reward s2 | reward (mean) |" in today
+    assert "averaged over members.)" in today and "predates" not in today
