@@ -75,30 +75,13 @@ given: the step in float32 only (bfloat16 runs in the large part, 2 layers x 64)
 256 (chunked) on 1 layer; targets "n/a (smoke)". tests/test_gpu_suite.py runs all six.
 
 On a lent GPU machine (one call at most 600 s, 15 minutes of device time a session, a
-machine's start included): its image has jax, flax, optax, orbax, torch, transformers,
-accelerate, tokenizers, absl, pyarrow, but not ml_collections, tensorboardX, trl or datasets
-(nor datasets' dill and multiprocess). Here, in
-the repo root, once (datasets 5.2 wants pyarrow >= 24, 4.8 >= 21: the run installs the one the
-image's pyarrow allows):
+machine's start included): ``bash experiments/gpu_machine.sh download`` here once (the wheels
+its image lacks, and the corpus), then one device run (carry [".whl", "shared"], timeout_s
+595; ``--budget_s`` ends the suite inside the call, the parts that did not fit recorded as not
+run):
 
-  echo /.whl/ >> .git/info/exclude; echo /shared/ >> .git/info/exclude
-  D="python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 \
-      --implementation cp --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 \
-      --platform manylinux2014_x86_64"
-  $D -d .whl ml_collections==1.1.0 tensorboardX==2.6.5 trl==1.16.0 dill==0.4.1 \
-      multiprocess==0.70.19
-  $D -d .whl/ds5 datasets==5.2.0; $D -d .whl/ds4 datasets==4.8.5
-  mkdir -p shared/data && cp "$GRPO_JAX_DATA" shared/data/   # the corpus, never committed
-
-then one device run (carry [".whl", "shared"], timeout_s 595; ``--budget_s`` ends the suite
-inside the call, the parts that did not fit recorded as not run):
-
-  DS=$(python3 -c "import pyarrow; print(5 if int(pyarrow.__version__.split('.')[0]) >= 24 \
-      else 4)"); python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir \
-      --upgrade --target /tmp/site .whl/*.whl .whl/ds$DS/*.whl \
-      && export PYTHONPATH=/tmp/site:$PWD || exit; \
-  export GRPO_JAX_DATA=$PWD/shared/data/tinyshakespeare.txt PYTHONUNBUFFERED=1; \
-  python3 experiments/gpu_suite.py --out_dir=$OUT --budget_s=540 2>&1 | tee $OUT/gpu_suite.log
+  source experiments/gpu_machine.sh && python3 experiments/gpu_suite.py --out_dir=$OUT \
+      --budget_s=540 2>&1 | tee $OUT/gpu_suite.log
 
 One H100 (2026-11-26) ran every part (profile included) in one such call in 545 s: 18
 compiles shared the device for 727 s, 18 timed sections held it for 90 s, and two children
