@@ -144,7 +144,7 @@ def grpo_summary(workdir: Path, step0: dict, window: int, keys):
     return {"eval": evals, "train_windows": windows, "train_curve": curve}
 
 
-def main():
+def parse_args():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--root", default="/tmp/fillin_exp", help="workdirs go here")
     ap.add_argument(
@@ -158,44 +158,53 @@ def main():
     ap.add_argument("--out", default=str(ROOT / "experiments/results"))
     ap.add_argument("--device", default=f"CPU, {os.cpu_count()} cores ({platform.machine()})")
     args = ap.parse_args()
-    if not os.environ.get("GRPO_JAX_DATA"):
-        print("warning: GRPO_JAX_DATA is unset; the corpus is looked up as the README says")
-    root = Path(args.root).absolute()
-    root.mkdir(parents=True, exist_ok=True)
-    seeds = [int(s) for s in args.seeds.split(",") if s.strip()]
-    c = load_config(config=args.config)
-    times_path = root / "times.json"
-    times = json.loads(times_path.read_text()) if times_path.exists() else {}
-    gen, judge = root / "gen", root / "judge"
+    args.seeds = [int(s) for s in args.seeds.split(",") if s.strip()]
+    args.root = Path(args.root).absolute()
+    return args
+
+
+def run_all(args, c, times):
+    """Every stage (each skipped when its workdir is finished): the generator, the judge, GRPO
+    per seed and the baseline. Returns the commands, the GRPO summaries and the baseline's."""
+    gen, judge, root = args.root / "gen", args.root / "judge", args.root
     cmds = {"gen": run_stage("gen", gen, "pretrain", [], c.pretrain.num_steps, args, times)}
     jflags = [f"--config.judge.negatives_from={gen}"]
     cmds["judge"] = run_stage("judge", judge, "train_judge", jflags, c.judge.num_steps, args, times)
     common = [f"--config.judge.checkpoint={judge}", f"--config.init_from={gen}"]
-    step0, keys, n = (
-        step0_eval([], gen, judge, args.config),
-        metric_keys(setting_of(c)),
-        c.train.num_steps,
-    )
+    step0, keys = step0_eval([], gen, judge, args.config), metric_keys(setting_of(c))
     runs = []
-    for s in seeds:
+    for s in args.seeds:
         wd, flags = root / f"grpo_s{s}", [*common, f"--config.seed={s}"]
-        cmds[f"grpo_s{s}"] = run_stage(f"grpo_s{s}", wd, "train", flags, n, args, times)
+        cmds[f"grpo_s{s}"] = run_stage(
+            f"grpo_s{s}", wd, "train", flags, c.train.num_steps, args, times
+        )
         runs.append(grpo_summary(wd, step0, args.window, keys))
-    base, policies = None, [root / f"grpo_s{s}" for s in seeds]
-    if args.baseline:
-        gb, n = root / "grpo_base", load_config(BASELINE_GRPO, args.config).train.num_steps
-        flags = [*common, *BASELINE_GRPO]
-        cmds["grpo_base"] = run_stage("grpo_base", gb, "train", flags, n, args, times)
-        step0_base = step0_eval(BASELINE_GRPO, gen, judge, args.config)
-        base = grpo_summary(gb, step0_base, 100, keys)
-        policies.append(gb)
+    if not args.baseline:
+        return cmds, runs, None
+    gb, n = root / "grpo_base", load_config(BASELINE_GRPO, args.config).train.num_steps
+    cmds["grpo_base"] = run_stage(
+        "grpo_base", gb, "train", [*common, *BASELINE_GRPO], n, args, times
+    )
+    step0_base = step0_eval(BASELINE_GRPO, gen, judge, args.config)
+    return cmds, runs, grpo_summary(gb, step0_base, 100, keys)
+
+
+def main():
+    args = parse_args()
+    if not os.environ.get("GRPO_JAX_DATA"):
+        print("warning: GRPO_JAX_DATA is unset; the corpus is looked up as the README says")
+    root, seeds = args.root, args.seeds
+    root.mkdir(parents=True, exist_ok=True)
+    c = load_config(config=args.config)
+    times_path = root / "times.json"
+    times = json.loads(times_path.read_text()) if times_path.exists() else {}
+    cmds, runs, base = run_all(args, c, times)
+    policies = [root / f"grpo_s{s}" for s in seeds] + ([root / "grpo_base"] if base else [])
     t0 = time.perf_counter()
-    opt = optimum_diagnostic(gen, judge, policies, config=args.config)
+    opt = optimum_diagnostic(root / "gen", root / "judge", policies, config=args.config)
     times.setdefault("optimum_diagnostic", round(time.perf_counter() - t0, 1))
     times_path.write_text(json.dumps(times, indent=1))
 
-    judge_eval = [r for r in read_metrics(judge) if "eval/judge_accuracy" in r][-1]
-    gen_eval = [r for r in read_metrics(gen) if "eval/fill_accuracy" in r][-1]
     out = Path(args.out)
     ab_path = out / "fill_in_ablation.json"
     ab = json.loads(ab_path.read_text()) if ab_path.exists() else None
@@ -208,8 +217,8 @@ def main():
         "commands": cmds,
         "wall_s": times,
         "seeds": seeds,
-        "judge_final_eval": judge_eval,
-        "generator_final_eval": gen_eval,
+        "judge_final_eval": last_eval(root / "judge", "eval/judge_accuracy"),
+        "generator_final_eval": last_eval(root / "gen", "eval/fill_accuracy"),
         "grpo": {f"seed{s}": r for s, r in zip(seeds, runs, strict=True)},
         "single_char_optimum": opt,
         "baseline": {"flags": BASELINE_GRPO, "grpo": base} if base else None,
@@ -217,9 +226,12 @@ def main():
     out.mkdir(parents=True, exist_ok=True)
     (out / "fill_in.json").write_text(json.dumps(summary, indent=1))
     plot(runs, seeds, base, out / "fill_in_curves.png")
-    md = markdown(summary, ab)
-    (out / "fill_in.md").write_text("\n".join(md))
+    (out / "fill_in.md").write_text("\n".join(markdown(summary, ab)))
     print(f"wrote {out / 'fill_in.md'}")
+
+
+def last_eval(workdir: Path, key: str) -> dict:
+    return [r for r in read_metrics(workdir) if key in r][-1]
 
 
 if __name__ == "__main__":
