@@ -1,4 +1,4 @@
-"""Tests for the building blocks of grpo_jax.tasks.arithmetic, on hand-computed values."""
+"""Tests for the building blocks of grpo_jax.tasks.arithmetic_problems, on hand-computed values."""
 
 import functools
 import itertools
@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from grpo_jax.evaluate import pass_at_k
-from grpo_jax.tasks.arithmetic import (
+from grpo_jax.tasks.arithmetic_problems import (
     ProblemSpec,
     correctness_reward,
     correctness_tokens,

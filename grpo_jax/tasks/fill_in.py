@@ -22,15 +22,11 @@ masked positions), the usual ``init_from`` of a GRPO run and then its frozen ref
 ``train`` loads the judge from ``judge.checkpoint`` and runs GRPO; ``eval`` evaluates the
 latest generator checkpoint.
 
-Held-out metrics (fixed val windows and spans):
-  eval/fill_accuracy          greedy fill: share of masked chars equal to the original
-  eval/fill_accuracy/lenK     the same over the spans of K chars only (the per-position
-                              policy is exact on 1-char spans, only factorised on longer ones)
-  eval/sampled_fill_accuracy  mean π(original char) over masked positions
-  eval/pass_at_k              P(one of k sampled fills restores the whole span), exact
-  eval/judge_reward           the judge's reward of the greedy fills
-  eval/judge_reward_original  the judge's reward of the original windows (a ceiling)
+Held-out metrics (fixed val windows and spans): grpo_jax/tasks/fill_in_eval.py.
 """
+
+from collections.abc import Callable
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -46,6 +42,7 @@ from grpo_jax.encoder import Encoder
 from grpo_jax.rewards import RewardTerm
 from grpo_jax.specs import EngineSpec, OptimSpec, integer, number, require
 from grpo_jax.task import Task
+from grpo_jax.tasks import fill_in_eval
 from grpo_jax.train_state import TrainState, init_state, make_optimizer, supervised_update
 
 MODES = ("train", "eval", "train_judge", "pretrain")
@@ -113,84 +110,132 @@ def mask_token(config, vocab: data_lib.Vocab) -> int:
     return vocab.size
 
 
-def build(config, mode: str = "train", workdir=None) -> Task:  # keeps nothing in workdir
-    kinds, espec = validate(config, mode)
-    d, j = config.data, config.judge
+class Setup(NamedTuple):
+    """What every mode builds first, from the corpus (a bad mask token fails before models)."""
+
+    corpus: data_lib.Corpus
+    v: int  # the corpus's chars: the generator's outputs, the judge's inputs
+    mask_id: int
+    vocab: data_lib.Vocab  # the chars then the mask token (decode only)
+    train_tokens: jax.Array
+    val_windows: np.ndarray  # [N, data.window_len]: the held-out windows
+    judge_model: Encoder
+    judge_reward: Callable  # make_judge_reward's: (judge params, windows [N, L]) -> [N]
+    generator: Encoder
+
+    def masked_input(self, windows, span):
+        """(windows [B, L], span [B, L]) -> the windows with the mask token where span > 0."""
+        return jnp.where(span > 0, self.mask_id, windows).astype(jnp.int32)
+
+
+def load_setup(config) -> Setup:
+    """The corpus (and its mask token, checked), the held-out windows and both models."""
     corpus = data_lib.load_corpus(config.data)
     v = corpus.vocab.size
     mask_id = mask_token(config, corpus.vocab)
-    vocab = data_lib.Vocab(corpus.vocab.chars + d.mask_char)  # id v = mask (decode only)
-    length = d.window_len
-    train_tokens = jnp.asarray(corpus.train)
-    log_uni = judge_lib.log_unigram_of(corpus.train, v)
-    log_bi = judge_lib.log_bigram_of(corpus.train, v)
-    n_val = min(config.eval.num_windows, max(1, (len(corpus.val) - length) // length))
-    val_ctx, val_tgt = data_lib.eval_windows(corpus.val, n_val, length - 1, 1)
-    val_windows = np.concatenate([val_ctx, val_tgt], 1)
-    judge_model = judge_lib.make_judge_model(j, v, length)
+    vocab = data_lib.Vocab(corpus.vocab.chars + config.data.mask_char)
+    length = config.data.window_len
+    val_windows = fill_in_eval.heldout_windows(corpus, config.eval.num_windows, length)
+    judge_model = judge_lib.make_judge_model(config.judge, v, length)
+    judge_reward = make_judge_reward(judge_model, config.judge.reward)
     generator = make_generator(config, v)
-    init_generator = lambda key: generator.init(key, jnp.zeros((1, length), jnp.int32))["params"]
+    train_tokens = jnp.asarray(corpus.train)
+    return Setup(
+        corpus, v, mask_id, vocab, train_tokens, val_windows, judge_model, judge_reward, generator
+    )
 
+
+def build(config, mode: str = "train", workdir=None) -> Task:  # keeps nothing in workdir
+    kinds, espec = validate(config, mode)
+    s = load_setup(config)
     if mode == "train_judge":
-        tx, schedule = make_optimizer(
-            OptimSpec.from_config(config.optim, j.learning_rate, "judge.learning_rate"),
-            j.num_steps,
-        )
-        gen_params, gen_fill = None, None
-        if "generator" in kinds:  # negatives sampled by a frozen supervised generator
-            gen_params = load_generator(j.negatives_from, init_generator(jax.random.PRNGKey(0)))
-            temp = float(j.negatives_temperature)
+        return judge_task(config, s, kinds)
+    # eval: judge metrics when one is given
+    use_judge = mode == "train" or (mode == "eval" and bool(config.judge.checkpoint))
+    judge_params = judge_lib.load_judge(config, s.judge_model, s.v) if use_judge else None
+    evaluate = fill_in_eval.make_evaluate(
+        config, s.generator, s.masked_input, s.judge_reward, judge_params, s.val_windows, s.vocab
+    )
+    if mode == "pretrain":
+        return pretrain_task(config, s, evaluate)
+    return grpo_task(config, espec, s, judge_params, evaluate)
 
-            def gen_fill(key, params, windows, span):
-                return judge_lib.generator_fill(
-                    key, generator, params, windows, span, mask_id, temp
-                )
 
-        cdata = judge_lib.CorruptionData(train_tokens, log_uni, log_bi, gen_params)
+def make_task(config, s: Setup, tx, **fields) -> Task:
+    """A Task on this corpus whose state steps with the optimizer ``tx``."""
+    return Task(
+        make_state=lambda params: init_state(params, tx, config.seed),
+        vocab=s.vocab,
+        data_sha256=s.corpus.sha256,
+        **fields,
+    )
 
-        def build_judge(initial_params, mesh=None):  # single-device task: mesh is unused
-            step = judge_lib.make_judge_step(
-                config, judge_model, tx, schedule, kinds, v, gen_fill=gen_fill
+
+def init_fn(model, length: int):
+    """key -> fresh params of ``model`` (the generator or the judge: both read windows)."""
+    return lambda key: model.init(key, jnp.zeros((1, length), jnp.int32))["params"]
+
+
+def judge_task(config, s: Setup, kinds) -> Task:
+    """--mode=train_judge: the judge, real train windows against ``judge.corruptions``."""
+    j, length = config.judge, config.data.window_len
+    log_uni = judge_lib.log_unigram_of(s.corpus.train, s.v)
+    log_bi = judge_lib.log_bigram_of(s.corpus.train, s.v)
+    tx, schedule = make_optimizer(
+        OptimSpec.from_config(config.optim, j.learning_rate, "judge.learning_rate"),
+        j.num_steps,
+    )
+    gen_params, gen_fill = None, None
+    if "generator" in kinds:  # negatives sampled by a frozen supervised generator
+        template = init_fn(s.generator, length)(jax.random.PRNGKey(0))
+        gen_params = load_generator(j.negatives_from, template)
+        temp = float(j.negatives_temperature)
+
+        def gen_fill(key, params, windows, span):
+            return judge_lib.generator_fill(
+                key, s.generator, params, windows, span, s.mask_id, temp
             )
-            return step, cdata
 
-        return Task(
-            init_params=lambda key: judge_model.init(key, jnp.zeros((1, length), jnp.int32))[
-                "params"
-            ],
-            make_state=lambda params: init_state(params, tx, config.seed),
-            build=build_judge,
-            evaluate=judge_lib.make_judge_eval(
-                config, judge_model, val_windows, cdata, kinds, config.seed, gen_fill
-            ),
-            tokens_per_step=int(2 * j.batch_size * length),
-            num_steps=int(j.num_steps),
-            vocab=vocab,
-            data_sha256=corpus.sha256,
+    cdata = judge_lib.CorruptionData(s.train_tokens, log_uni, log_bi, gen_params)
+
+    def build_judge(initial_params, mesh=None):  # single-device task: mesh is unused
+        step = judge_lib.make_judge_step(
+            config, s.judge_model, tx, schedule, kinds, s.v, gen_fill=gen_fill
         )
+        return step, cdata
 
-    use_judge = mode == "train" or (
-        mode == "eval" and bool(j.checkpoint)
-    )  # eval: judge metrics when one is given
-    judge_params = judge_lib.load_judge(config, judge_model, v) if use_judge else None
-    b = config.train.batch_size
+    evaluate = judge_lib.make_judge_eval(
+        config, s.judge_model, s.val_windows, cdata, kinds, config.seed, gen_fill
+    )
+    return make_task(
+        config, s, tx,
+        init_params=init_fn(s.judge_model, length), build=build_judge, evaluate=evaluate,
+        tokens_per_step=int(2 * j.batch_size * length), num_steps=int(j.num_steps),
+    )  # fmt: skip
 
-    def masked_input(windows, span):
-        return jnp.where(span > 0, mask_id, windows).astype(jnp.int32)
 
-    def policy_logits(params, masked):
-        return generator.apply({"params": params}, masked)  # [B, L, V]
+def pretrain_task(config, s: Setup, evaluate) -> Task:
+    """--mode=pretrain: the generator, supervised on the original chars of masked spans."""
+    pc, d = config.pretrain, config.data
+    tx, schedule = make_optimizer(
+        OptimSpec.from_config(config.optim, pc.learning_rate, "pretrain.learning_rate"),
+        pc.num_steps,
+    )
 
-    def sample_prompts(key, tokens):
-        k_win, k_span = jax.random.split(key)
-        windows = data_lib.random_windows(k_win, tokens, b, length)
-        span = judge_lib.random_spans(k_span, b, length, d.span_min, d.span_max)
-        start, span_len = single_step.spans_of(span)
-        return single_step.SpanPrompts(
-            masked_input(windows, span), start, span_len, {"window": windows}
-        )
+    def build_pretrain(initial_params, mesh=None):  # single-device task: mesh is unused
+        step = make_pretrain_step(pc, s.generator, s.masked_input, tx, schedule, d)
+        return step, s.train_tokens
 
-    judge_reward = make_judge_reward(judge_model, j.reward)
+    return make_task(
+        config, s, tx,
+        init_params=init_fn(s.generator, d.window_len), build=build_pretrain, evaluate=evaluate,
+        tokens_per_step=int(pc.batch_size * d.window_len), num_steps=int(pc.num_steps),
+    )  # fmt: skip
+
+
+def reward_terms(judge_reward, length: int) -> tuple[RewardTerm, ...]:
+    """The judge's reward of the filled window, and the zero-weight share of sampled chars
+    equal to the original (a diagnostic: the reward never sees the original text)."""
 
     def judge_term(params, prompts, tokens, mask, ref):
         filled = single_step.fill_span(
@@ -204,99 +249,45 @@ def build(config, mode: str = "train", workdir=None) -> Task:  # keeps nothing i
         original = jnp.take_along_axis(prompts.fields["window"], pos, axis=1)
         return (tokens == original[:, None]).astype(jnp.float32)  # per char; masked by caller
 
-    terms = (RewardTerm("judge", 1.0, judge_term), RewardTerm("fill_accuracy", 0.0, accuracy_term))
+    return (RewardTerm("judge", 1.0, judge_term), RewardTerm("fill_accuracy", 0.0, accuracy_term))
 
-    # held-out: fixed val windows and spans (eval.seed: the same for every training seed)
-    ev_span = judge_lib.random_spans(
-        jax.random.PRNGKey(int(config.eval.get("seed", config.seed)) + 104729),
-        len(val_windows),
-        length,
-        d.span_min,
-        d.span_max,
-    )
-    ev_win = jnp.asarray(val_windows)
-    ev_in = masked_input(ev_win, ev_span)
-    pass_k = tuple(int(k) for k in config.eval.pass_k)
 
-    @jax.jit
-    def eval_core(params, jparams):
-        logits = generator.apply({"params": params}, ev_in)
-        logp = jax.nn.log_softmax(logits, -1)
-        greedy = jnp.argmax(logits, -1)
-        filled = jnp.where(ev_span > 0, greedy, ev_win)
-        lp_orig = jnp.take_along_axis(logp, ev_win[..., None], -1)[..., 0]  # [N, L]
-        n_masked = ev_span.sum()
-        hits = jnp.sum((greedy == ev_win) * ev_span, -1)  # [N]
-        out = {
-            "eval/fill_accuracy": hits.sum() / n_masked,
-            "eval/sampled_fill_accuracy": jnp.sum(jnp.exp(lp_orig) * ev_span) / n_masked,
-            "filled": filled,
-        }
-        span_len = ev_span.sum(-1)
-        for k in range(d.span_min, d.span_max + 1):
-            sel = span_len == k
-            out[f"eval/fill_accuracy/len{k}"] = jnp.sum(hits * sel) / jnp.maximum(k * sel.sum(), 1)
-        p_span = jnp.exp(jnp.sum(lp_orig * ev_span, -1))  # P(one sample restores the span)
-        for k in pass_k:
-            out[f"eval/pass_at_{k}"] = jnp.mean(1.0 - (1.0 - p_span) ** k)
-        if jparams is not None:
-            out["eval/judge_reward"] = judge_reward(jparams, filled).mean()
-            out["eval/judge_reward_original"] = judge_reward(jparams, ev_win).mean()
-        return out
+def grpo_task(config, espec: EngineSpec, s: Setup, judge_params, evaluate) -> Task:
+    """--mode=train (and eval): GRPO on the generator, rewarded by the frozen judge
+    (``judge_params``; None in eval without ``judge.checkpoint``)."""
+    d, j, b = config.data, config.judge, config.train.batch_size
+    length = d.window_len
 
-    def evaluate(params):
-        res = jax.device_get(eval_core(params, judge_params))
-        filled = res.pop("filled")
-        scalars = {k: float(x) for k, x in res.items()}
-        lines = []
-        for i in range(min(config.eval.num_samples, len(filled))):
-            lines.append(f"--- masked  : {vocab.decode(np.asarray(ev_in[i]))!r}")
-            lines.append(f"    filled  : {vocab.decode(filled[i])!r}")
-            lines.append(f"    original: {vocab.decode(val_windows[i])!r}")
-        return scalars, {"samples": "\n".join(lines), "summary": ""}
+    def policy_logits(params, masked):
+        return s.generator.apply({"params": params}, masked)  # [B, L, V]
 
-    if mode == "pretrain":
-        pc = config.pretrain
-        tx, schedule = make_optimizer(
-            OptimSpec.from_config(config.optim, pc.learning_rate, "pretrain.learning_rate"),
-            pc.num_steps,
+    def sample_prompts(key, tokens):
+        k_win, k_span = jax.random.split(key)
+        windows = data_lib.random_windows(k_win, tokens, b, length)
+        span = judge_lib.random_spans(k_span, b, length, d.span_min, d.span_max)
+        start, span_len = single_step.spans_of(span)
+        return single_step.SpanPrompts(
+            s.masked_input(windows, span), start, span_len, {"window": windows}
         )
 
-        def build_pretrain(initial_params, mesh=None):  # single-device task: mesh is unused
-            return make_pretrain_step(pc, generator, masked_input, tx, schedule, d), train_tokens
-
-        return Task(
-            init_params=init_generator,
-            make_state=lambda params: init_state(params, tx, config.seed),
-            build=build_pretrain,
-            evaluate=evaluate,
-            tokens_per_step=int(pc.batch_size * length),
-            num_steps=int(pc.num_steps),
-            vocab=vocab,
-            data_sha256=corpus.sha256,
-        )
-
+    terms = reward_terms(s.judge_reward, length)
     mu = espec.objective.num_iterations  # updates per step: the schedule spans them all
     optim = OptimSpec.from_config(config.optim)
     tx, schedule = make_optimizer(optim, config.train.num_steps, updates_per_step=mu)
 
     def build_step(initial_params, mesh=None):  # single-device task: mesh is unused
         logging.info("fill-in: judge from %s, reference = initial generator", j.checkpoint)
-        fns = (policy_logits, v, d.span_max, sample_prompts, terms, tx, schedule)
-        return single_step.build(espec, *fns, initial_params, train_tokens, judge_params)
+        fns = (policy_logits, s.v, d.span_max, sample_prompts, terms, tx, schedule)
+        return single_step.build(espec, *fns, initial_params, s.train_tokens, judge_params)
 
-    return Task(
-        init_params=init_generator,
-        make_state=lambda params: init_state(params, tx, config.seed),
-        build=build_step,
-        evaluate=evaluate,
+    return make_task(
+        config, s, tx,
+        init_params=init_fn(s.generator, length), build=build_step, evaluate=evaluate,
         tokens_per_step=int(b * config.group.size * (d.span_min + d.span_max) / 2),
         num_steps=int(config.train.num_steps),
-        vocab=vocab,
         log_keys=("loss", "reward", "kl", "eval/fill_accuracy"),
         heldout_key="eval/fill_accuracy",
-        data_sha256=corpus.sha256,
-    )
+    )  # fmt: skip
 
 
 def make_generator(config, vocab_size: int) -> Encoder:
@@ -336,9 +327,8 @@ def single_char_optimum(config, ref_params, judge_params, policies=(), num_windo
     A diagnostic for experiments (V judge passes per window), not a training metric."""
     corpus = data_lib.load_corpus(config.data)
     v, length = corpus.vocab.size, config.data.window_len
-    n = min(num_windows, max(1, (len(corpus.val) - length) // length))
-    ctx, tgt = data_lib.eval_windows(corpus.val, n, length - 1, 1)
-    windows = jnp.asarray(np.concatenate([ctx, tgt], 1))
+    windows = jnp.asarray(fill_in_eval.heldout_windows(corpus, num_windows, length))
+    n = len(windows)
     key = jax.random.PRNGKey(int(config.eval.seed) + 7)  # not the eval spans' key
     pos = jax.random.randint(key, (n,), 0, length)
     rows = jnp.arange(n)

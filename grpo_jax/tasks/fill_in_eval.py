@@ -1,0 +1,83 @@
+"""The fill-in task's held-out evaluation: a generator's fills of fixed val windows and spans.
+
+The windows are the val split's (``heldout_windows``); the spans are drawn once from
+``eval.seed``, so every training seed is scored on the same ones. Metrics:
+  eval/fill_accuracy          greedy fill: share of masked chars equal to the original
+  eval/fill_accuracy/lenK     the same over the spans of K chars only (the per-position
+                              policy is exact on 1-char spans, only factorised on longer ones)
+  eval/sampled_fill_accuracy  mean π(original char) over masked positions
+  eval/pass_at_k              P(one of k sampled fills restores the whole span), exact
+  eval/judge_reward           the judge's reward of the greedy fills
+  eval/judge_reward_original  the judge's reward of the original windows (a ceiling)
+"""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from grpo_jax import data as data_lib
+from grpo_jax import judge as judge_lib
+
+
+def heldout_windows(corpus: data_lib.Corpus, num_windows: int, length: int) -> np.ndarray:
+    """[N, length] windows of the val split, N = num_windows or as many as it holds."""
+    n = min(num_windows, max(1, (len(corpus.val) - length) // length))
+    ctx, tgt = data_lib.eval_windows(corpus.val, n, length - 1, 1)
+    return np.concatenate([ctx, tgt], 1)
+
+
+def make_evaluate(config, generator, masked_input, judge_reward, judge_params, windows, vocab):
+    """params -> (scalars, texts) on ``windows`` [N, L]; the judge's metrics only when
+    ``judge_params`` is not None. ``masked_input(windows, span)`` masks the spans."""
+    d = config.data
+    length = d.window_len
+    # eval.seed: the same spans for every training seed
+    ev_span = judge_lib.random_spans(
+        jax.random.PRNGKey(int(config.eval.get("seed", config.seed)) + 104729),
+        len(windows),
+        length,
+        d.span_min,
+        d.span_max,
+    )
+    ev_win = jnp.asarray(windows)
+    ev_in = masked_input(ev_win, ev_span)
+    pass_k = tuple(int(k) for k in config.eval.pass_k)
+
+    @jax.jit
+    def eval_core(params, jparams):
+        logits = generator.apply({"params": params}, ev_in)
+        logp = jax.nn.log_softmax(logits, -1)
+        greedy = jnp.argmax(logits, -1)
+        filled = jnp.where(ev_span > 0, greedy, ev_win)
+        lp_orig = jnp.take_along_axis(logp, ev_win[..., None], -1)[..., 0]  # [N, L]
+        n_masked = ev_span.sum()
+        hits = jnp.sum((greedy == ev_win) * ev_span, -1)  # [N]
+        out = {
+            "eval/fill_accuracy": hits.sum() / n_masked,
+            "eval/sampled_fill_accuracy": jnp.sum(jnp.exp(lp_orig) * ev_span) / n_masked,
+            "filled": filled,
+        }
+        span_len = ev_span.sum(-1)
+        for k in range(d.span_min, d.span_max + 1):
+            sel = span_len == k
+            out[f"eval/fill_accuracy/len{k}"] = jnp.sum(hits * sel) / jnp.maximum(k * sel.sum(), 1)
+        p_span = jnp.exp(jnp.sum(lp_orig * ev_span, -1))  # P(one sample restores the span)
+        for k in pass_k:
+            out[f"eval/pass_at_{k}"] = jnp.mean(1.0 - (1.0 - p_span) ** k)
+        if jparams is not None:
+            out["eval/judge_reward"] = judge_reward(jparams, filled).mean()
+            out["eval/judge_reward_original"] = judge_reward(jparams, ev_win).mean()
+        return out
+
+    def evaluate(params):
+        res = jax.device_get(eval_core(params, judge_params))
+        filled = res.pop("filled")
+        scalars = {k: float(x) for k, x in res.items()}
+        lines = []
+        for i in range(min(config.eval.num_samples, len(filled))):
+            lines.append(f"--- masked  : {vocab.decode(np.asarray(ev_in[i]))!r}")
+            lines.append(f"    filled  : {vocab.decode(filled[i])!r}")
+            lines.append(f"    original: {vocab.decode(windows[i])!r}")
+        return scalars, {"samples": "\n".join(lines), "summary": ""}
+
+    return evaluate
