@@ -39,6 +39,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from fill_in_report import (
+    OLD_NAMES,
     REWARD,
     TRAIN_STATS,
     has_train_value,
@@ -47,7 +48,6 @@ from fill_in_report import (
     plot,
     setting_of,
 )
-from fill_in_report import train_value as value
 
 from grpo_jax import checkpoint as ckpt_lib
 from grpo_jax import config_blocks, trainer
@@ -128,19 +128,21 @@ def optimum_diagnostic(gen: Path, judge: Path, policies, num_windows=2048, confi
 
 
 def grpo_summary(workdir: Path, step0: dict, window: int, keys):
-    """A GRPO workdir's held-out evals and train metrics (stored under the current names;
-    a workdir from before the engine refactor is read through its old ones)."""
+    """A GRPO workdir's held-out evals and train metrics, under the names the workdir logged
+    them (a workdir from before the engine refactor: OLD_NAMES; the report names what it
+    finds, fill_in_report.train_names)."""
     rows = read_metrics(workdir)
     evals = [{"step": 0, **{k: step0[k] for k in keys}}]
     evals += [{"step": r["step"], **{k: r[k] for k in keys}} for r in rows if keys[0] in r]
     train = [r for r in rows if has_train_value(r, REWARD)]
+    logged = [k if k in train[0] else OLD_NAMES.get(k, k) for k in TRAIN_STATS]
     windows = []
     for lo in range(0, max(r["step"] for r in train), window):
         sel = [r for r in train if lo < r["step"] <= lo + window]
         if sel:
-            means = {k: float(np.mean([value(r, k) for r in sel])) for k in TRAIN_STATS}
+            means = {k: float(np.mean([r[k] for r in sel])) for k in logged}
             windows.append({"steps": f"{lo + 1}-{lo + window}", **means})
-    curve = [{"step": r["step"], **{k: value(r, k) for k in TRAIN_STATS[:2]}} for r in train]
+    curve = [{"step": r["step"], **{k: r[k] for k in logged[:2]}} for r in train]
     return {"eval": evals, "train_windows": windows, "train_curve": curve}
 
 

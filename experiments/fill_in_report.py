@@ -13,7 +13,8 @@ Summaries and workdirs from before the engine refactor (the committed fill_in.js
 them) carry the old ``reward_mean`` and ``sample_fill_accuracy``, and ``eval/pass@k`` for
 ``eval/pass_at_k``: ``markdown`` renames the eval ones (metric_writers.current_names, the same
 metrics) and keeps the train ones (``train_names``: the old fill accuracy was defined
-otherwise), so an old summary still renders; ``train_value`` reads a workdir's either way.
+otherwise), so an old summary still renders. The runner stores train metrics as the
+workdir logged them, so the same holds for a summary of an old workdir.
 """
 
 from pathlib import Path
