@@ -23,7 +23,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from grpo_jax import candidates, engine, pretrain, rewards, sharding
+from grpo_jax import candidates, engine, groups, pretrain, rewards, sharding
 from grpo_jax.evaluate import pass_at_k
 from grpo_jax.model import init_params, make_model
 from grpo_jax.policy import TokenPrompts, policy_reference, sample, transformer_policy
@@ -260,7 +260,7 @@ def build(config, mode: str = "train", workdir=None) -> Task:  # keeps nothing i
     if pretraining:
         tokens = b * t
     else:
-        tokens = b * engine.groups.generated_per_prompt(espec.group, tok.vocab_size, b, t, classes)
+        tokens = b * groups.generated_per_prompt(espec.group, tok.vocab_size, b, t, classes)
     return Task(
         init_params=lambda key: init_params(model, key),
         make_state=lambda params: init_state(params, tx, config.seed),

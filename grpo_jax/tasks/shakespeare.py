@@ -17,7 +17,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from grpo_jax import bpe, candidates, engine, pretrain, reference, rewards, sharding
+from grpo_jax import bpe, candidates, engine, groups, pretrain, reference, rewards, sharding
 from grpo_jax import data as data_lib
 from grpo_jax import evaluate as eval_lib
 from grpo_jax.model import init_params, make_model
@@ -254,7 +254,7 @@ def build(config, mode: str = "train", workdir=None) -> Task:
     if pretraining:
         tokens = config.pretrain.batch_size * pretrain.seq_len(config, max_len)
     else:
-        tokens = b * engine.groups.generated_per_prompt(espec.group, vocab.size, b, h, classes)
+        tokens = b * groups.generated_per_prompt(espec.group, vocab.size, b, h, classes)
     return Task(
         init_params=lambda key: init_params(model, key),
         make_state=lambda params: init_state(params, tx, config.seed),
