@@ -72,7 +72,7 @@ both). ``--parts``: by default all but ``ON_REQUEST``'s (each child a compile of
 ``--smoke``: the parts at tiny sizes on the CPU (JAX_PLATFORMS=cpu, XLA's cheap compiles),
 two at a time with the device lock, into a fresh temporary directory unless --out_dir is
 given: the step in float32 only (bfloat16 runs in the large part, 2 layers x 64), V = 65 and
-256 (chunked) on 1 layer; targets "n/a (smoke)". tests/test_gpu_suite.py runs all six.
+256 (chunked) on 1 layer; targets "n/a (smoke)". tests/test_gpu_suite.py runs all seven.
 
 On a lent GPU machine (one call at most 600 s, 15 minutes of device time a session, a
 machine's start included): ``bash experiments/gpu_machine.sh download`` here once (the wheels
