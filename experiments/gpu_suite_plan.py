@@ -181,6 +181,21 @@ def gpu_plan() -> dict:
     }
 
 
+# TRL's side at smoke size: one warm-up and one timed step of a one-layer GPT-2 on the CPU
+SMOKE_TRL = dict(
+    steps=1,
+    warmup=1,
+    device="cpu",
+    batch_prompts=2,
+    group=2,
+    context=16,
+    horizon=8,
+    layers=1,
+    heads=2,
+    width=32,
+)
+
+
 def smoke_plan() -> dict:
     """Tiny sizes on the CPU through the same code paths (--smoke)."""
     tiny = {"train.batch_size": 2}
@@ -196,18 +211,7 @@ def smoke_plan() -> dict:
             "timeout": 240,
         },
         "trl": {
-            "kwargs": {
-                "steps": 1,
-                "warmup": 1,
-                "device": "cpu",
-                "batch_prompts": 2,
-                "group": 2,
-                "context": 16,
-                "horizon": 8,
-                "layers": 1,
-                "heads": 2,
-                "width": 32,
-            },
+            "kwargs": SMOKE_TRL,
             "timeout": 240,
         },
         "exhaustive": {

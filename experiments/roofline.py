@@ -34,6 +34,7 @@ import time
 from pathlib import Path
 
 from absl import app, flags
+from trl_grpo import cpu_name  # stdlib-only at import
 
 FLAGS = flags.FLAGS
 flags.DEFINE_string("before", "", "Another checkout whose grpo_jax is the 'before' side.")
@@ -183,7 +184,7 @@ def main(argv):
     res = {
         "name": FLAGS.name,
         "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-        "host": f"{platform.processor() or platform.machine()}, {os.cpu_count()} CPUs",
+        "host": f"{cpu_name()}, {platform.machine()}, {os.cpu_count()} CPUs",
         "jax": jax.__version__,
         "rounds": FLAGS.rounds,
         "command": " ".join(["python experiments/roofline.py", *sys.argv[1:]]),

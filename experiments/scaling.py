@@ -249,21 +249,10 @@ def write_markdown(raw: dict) -> str:
     return md
 
 
-def main(argv):
-    if len(argv) > 1:
-        raise app.UsageError(f"unexpected arguments: {argv[1:]}")
-    if FLAGS.report_only:
-        raw = json.loads((Path(FLAGS.out_dir) / f"{FLAGS.name}.json").read_text())
-        if FLAGS.note:
-            raw["note"] = FLAGS.note
-            write_json(raw)
-        print(write_markdown(raw))
-        return
-    if FLAGS.one_run:
-        configure_host(FLAGS.config)  # this subprocess measures: the CLI's host settings
-        spec, _, how = FLAGS.one_run.partition("@")
-        print(json.dumps(measure(*parse_run(spec), compile_only=how == "compile")), flush=True)
-        return
+def run_plan() -> dict:
+    """Every --vocab_sizes run, then every --compile_only one, each in its own subprocess
+    (this script with --one_run): {(V, rollout chunk, loss chunk): its JSON result, or an
+    {"error": ...} row when the subprocess failed (out of memory, say)}."""
     results = {}
     plan = [(r, "run") for r in parse_runs(FLAGS.vocab_sizes)]
     plan += [(r, "compile") for r in parse_runs(FLAGS.compile_only)]
@@ -285,6 +274,25 @@ def main(argv):
             f"{fmt_bytes(r['process_peak_rss_bytes'])}",
             flush=True,
         )
+    return results
+
+
+def main(argv):
+    if len(argv) > 1:
+        raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+    if FLAGS.report_only:
+        raw = json.loads((Path(FLAGS.out_dir) / f"{FLAGS.name}.json").read_text())
+        if FLAGS.note:
+            raw["note"] = FLAGS.note
+            write_json(raw)
+        print(write_markdown(raw))
+        return
+    if FLAGS.one_run:
+        configure_host(FLAGS.config)  # this subprocess measures: the CLI's host settings
+        spec, _, how = FLAGS.one_run.partition("@")
+        print(json.dumps(measure(*parse_run(spec), compile_only=how == "compile")), flush=True)
+        return
+    results = run_plan()
     dev = jax.devices()[0]
     device = f"{dev.device_kind} ({dev.platform})"
     if dev.platform == "cpu":

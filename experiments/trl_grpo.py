@@ -97,14 +97,20 @@ def load_prompts(path: str, fraction: float, context: int, horizon: int, n: int,
 
 
 def cpu_name() -> str:
+    """This machine's CPU as /proc/cpuinfo names it, with its widest x86 vector unit: 2-core
+    machines of one cloud differ (roofline_cpu.md, roofline_cpu_avx512.md), so a CPU record
+    names its CPU; platform.processor() where there is no /proc/cpuinfo."""
     try:
         with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
+            info = dict(
+                ln.split(":", 1) for ln in f.read().split("\n\n")[0].splitlines() if ":" in ln
+            )
     except OSError:
-        pass
-    return platform.processor() or "cpu"
+        return platform.processor() or "cpu"
+    info = {k.strip(): v.strip() for k, v in info.items()}
+    flags = set(info.get("flags", "").split())
+    simd = next((s for f, s in (("avx512f", "AVX-512"), ("avx2", "AVX2")) if f in flags), "")
+    return ", ".join(filter(None, [info.get("model name", platform.processor() or "cpu"), simd]))
 
 
 def options(kwargs: dict) -> argparse.Namespace:
@@ -293,6 +299,17 @@ def check_counts(a: argparse.Namespace, timer, lengths: list) -> None:
         raise RuntimeError(f"completion lengths {min(lengths)}..{max(lengths)}, not {a.horizon}")
 
 
+def checked_tokenizer(chars: str, sample: str):
+    """(char_tokenizer(chars), char -> id), checked on chars and a sample prompt: one token per
+    char, grpo_jax's ids, an exact round trip."""
+    tokenizer = char_tokenizer(chars)
+    char_id = {c: i for i, c in enumerate(chars)}
+    for text in (chars, sample):
+        ids = tokenizer(text)["input_ids"]
+        assert ids == [char_id[c] for c in text] and tokenizer.decode(ids) == text, text
+    return tokenizer, char_id
+
+
 def run(**kwargs) -> dict:
     """Builds and trains for warmup + steps optimizer steps; returns the timing dict."""
     a = options(kwargs)
@@ -312,11 +329,7 @@ def run(**kwargs) -> dict:
     chars, prompts, targets = load_prompts(
         a.data, a.train_fraction, a.context, a.horizon, a.batch_prompts * total, a.seed
     )
-    tokenizer = char_tokenizer(chars)
-    char_id = {c: i for i, c in enumerate(chars)}
-    for text in (chars, prompts[0]):  # one token per char, grpo_jax's ids, exact round trip
-        ids = tokenizer(text)["input_ids"]
-        assert ids == [char_id[c] for c in text] and tokenizer.decode(ids) == text, text
+    tokenizer, char_id = checked_tokenizer(chars, prompts[0])
     lengths = []  # completion lengths of every step, checked against the horizon
     timer = step_timer(torch.cuda.synchronize if cuda else lambda: None)
     model_dir, n_params = save_random_gpt2(a, tokenizer)

@@ -29,8 +29,9 @@ def test_versus_trl_record_renders_to_its_markdown(tmp_path):
     assert (tmp_path / "out.md").read_text() == record.with_suffix(".md").read_text()
 
 
-def test_cpu_roofline_record_renders_to_its_markdown():
-    record = RESULTS / "roofline_cpu.json"
+@pytest.mark.parametrize("name", ["roofline_cpu", "roofline_cpu_avx512"])
+def test_cpu_roofline_record_renders_to_its_markdown(name):
+    record = RESULTS / f"{name}.json"
     assert (
         roofline.markdown(json.loads(record.read_text())) == record.with_suffix(".md").read_text()
     )
