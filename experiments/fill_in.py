@@ -39,10 +39,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from fill_in_report import (
-    OLD_NAMES,
     REWARD,
     TRAIN_STATS,
     has_train_value,
+    logged_name,
     markdown,
     metric_keys,
     plot,
@@ -135,7 +135,7 @@ def grpo_summary(workdir: Path, step0: dict, window: int, keys):
     evals = [{"step": 0, **{k: step0[k] for k in keys}}]
     evals += [{"step": r["step"], **{k: r[k] for k in keys}} for r in rows if keys[0] in r]
     train = [r for r in rows if has_train_value(r, REWARD)]
-    logged = [k if k in train[0] else OLD_NAMES.get(k, k) for k in TRAIN_STATS]
+    logged = [logged_name(train[0], k) for k in TRAIN_STATS]
     windows = []
     for lo in range(0, max(r["step"] for r in train), window):
         sel = [r for r in train if lo < r["step"] <= lo + window]

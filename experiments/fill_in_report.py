@@ -71,14 +71,18 @@ def metric_keys(setting: dict):
     return (*EVAL_KEYS, *(f"eval/fill_accuracy/len{k}" for k in spans))
 
 
+def logged_name(row, key) -> str:
+    """The name a train metric has in a metrics.jsonl row or a summary entry: ``key``, or in
+    one written before the engine refactor its old name (OLD_NAMES)."""
+    return key if key in row else OLD_NAMES.get(key, key)
+
+
 def train_value(row, key):
-    """A train metric of a metrics.jsonl row or a summary entry, under its current name or,
-    in one written before the engine refactor, its old one (OLD_NAMES)."""
-    return row[key] if key in row else row[OLD_NAMES[key]]
+    return row[logged_name(row, key)]
 
 
 def has_train_value(row, key) -> bool:
-    return key in row or OLD_NAMES.get(key, key) in row
+    return logged_name(row, key) in row
 
 
 def fmt(x, nd=4):
@@ -118,7 +122,7 @@ def train_names(runs) -> dict:
     logged OLD_NAMES, and its FILL_ACC was defined otherwise (train_section), so its report
     keeps them."""
     row = runs[0]["train_windows"][0]
-    return {k: k if k in row else old for k, old in OLD_NAMES.items()}
+    return {k: logged_name(row, k) for k in OLD_NAMES}
 
 
 def windows_table(runs, seeds):

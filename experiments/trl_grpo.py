@@ -96,12 +96,13 @@ def load_prompts(path: str, fraction: float, context: int, horizon: int, n: int,
     return chars, prompts, targets
 
 
-def cpu_name() -> str:
-    """This machine's CPU as /proc/cpuinfo names it, with its widest x86 vector unit: 2-core
-    machines of one cloud differ (roofline_cpu.md, roofline_cpu_avx512.md), so a CPU record
-    names its CPU; platform.processor() where there is no /proc/cpuinfo."""
+def cpu_name(cpuinfo: str = "/proc/cpuinfo") -> str:
+    """This machine's CPU as ``cpuinfo`` (its first processor) names it, with its widest x86
+    vector unit: 2-core machines of one cloud differ (roofline_cpu.md,
+    roofline_cpu_avx512.md), so a CPU record names its CPU; platform.processor() where there
+    is no such file."""
     try:
-        with open("/proc/cpuinfo") as f:
+        with open(cpuinfo) as f:
             info = dict(
                 ln.split(":", 1) for ln in f.read().split("\n\n")[0].splitlines() if ":" in ln
             )

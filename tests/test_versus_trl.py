@@ -16,6 +16,7 @@ from conftest import compilation_cache_dir
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "experiments"))
 
+from trl_grpo import cpu_name  # noqa: E402
 from versus_trl_report import summary_of  # noqa: E402
 
 TRL_STEP_S = (0.3, 0.2, 0.4)  # the stand-in's step times: median 0.3
@@ -140,3 +141,15 @@ def test_the_trl_side_refuses_bad_flags_in_one_line_before_torch_loads(flags, me
     assert proc.returncode == 1, proc.stderr
     (line,) = proc.stderr.strip().splitlines()
     assert line.startswith(f"error: {message}")
+
+
+@pytest.mark.parametrize(
+    "flags, expected",
+    [("fpu avx2 avx512f avx512bw", "EPYC 9B14, AVX-512"), ("fpu sse2 avx2", "EPYC 9B14, AVX2"),
+     ("fpu sse2", "EPYC 9B14")],
+)  # fmt: skip
+def test_cpu_name_reads_the_first_processor_and_its_widest_vector_unit(tmp_path, flags, expected):
+    second = "processor\t: 1\nmodel name\t: Other CPU\nflags\t\t: avx512f\n"
+    info = f"processor\t: 0\nmodel name\t: EPYC 9B14\nflags\t\t: {flags}\n\n{second}"
+    (tmp_path / "cpuinfo").write_text(info)
+    assert cpu_name(str(tmp_path / "cpuinfo")) == expected

@@ -194,8 +194,9 @@ def get_config(arg=None):
         c.group.size = 4
     elif mode == "exhaustive" and not size and "full" not in tokens:
         # the 65 forced chars' training forward in five chunks of 13 members: on 2 CPU cores
-        # a chunk's activations stay in cache, and the plain config's step takes 0.59-0.62 s
-        # instead of 0.67-0.69 s with the same loss (experiments/results/roofline_cpu_avx512.md;
+        # a chunk holds 2 x 13 x 69 = 1,794 of the 8,970 rows (a smaller working set; the
+        # cause is not profiled) and the plain config's step takes 0.59-0.62 s instead of
+        # 0.67-0.69 s with the same loss (experiments/results/roofline_cpu_avx512.md;
         # group.loss_chunk=0 restores one chunk); unmeasured on an accelerator: `full` keeps one
         c.group.loss_chunk = 13
 
