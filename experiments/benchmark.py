@@ -171,6 +171,7 @@ def record(config, task, state, mesh, n_params, measured: dict) -> dict:
         "config_variant": config_flags.get_config_filename(FLAGS["config"]),
         "overrides": config_flags.get_override_values(FLAGS["config"]),
         "device": f"{dev.device_kind} / {dev.platform}",
+        "jax": jax.__version__,
         "num_devices": jax.device_count(),
         "group_mode": config.group.mode,
         "params": n_params,

@@ -11,11 +11,18 @@
 # downloaded and the machine installs the one its pyarrow allows. The project itself is used
 # from the checkout (PYTHONPATH), never pip-installed there, so pip touches none of the
 # image's packages.
+#
+# To check it here at no device time: a Python 3.12 venv with the image's versions (its pip
+# list in the device library's KINDS.md: jax 0.11.2, torch 2.11.0, transformers 5.17.0,
+# accelerate 1.15.0, huggingface_hub 1.33.0, pyarrow, pandas, xxhash) first on PATH, then
+# `source experiments/gpu_machine.sh && python3 experiments/gpu_suite.py --smoke`.
 
 if [ "${1:-}" = download ]; then
   set -e
+  exclude=$(git rev-parse --git-path info/exclude)  # .git is a file in a worktree
+  mkdir -p "$(dirname "$exclude")"
   for path in /.whl/ /shared/; do
-    grep -qxF "$path" .git/info/exclude || echo "$path" >> .git/info/exclude
+    grep -qxF "$path" "$exclude" 2>/dev/null || echo "$path" >> "$exclude"
   done
   D="python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12
     --implementation cp --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64

@@ -14,6 +14,12 @@ traced program, XLA's cost analysis, the machine's matmul peak at the model's sh
 matmul of the step alone at its own shape (benchmark.py --matmul_floor): how much of the step's
 time its matmuls need at the rates those shapes allow, apart from everything else.
 
+``--before_python=PY`` runs the 'before' side in another interpreter (a venv with another
+jax; with no ``--before``, on this checkout): what the installed packages alone change.
+
+  /tmp/venv_jax012/bin/python experiments/roofline.py \\
+      --before_python=/usr/bin/python3.11 --rounds=3 --matmul_floor --name=roofline_jax012
+
 ``--release_side`` adds a third side, this checkout with ``--config.cpu_buffers=release``
 (jax's and glibc's memory defaults, as every earlier checkout ran): the code's own changes
 apart from the host-memory setting (grpo_jax/host.py).
@@ -38,6 +44,12 @@ from trl_grpo import cpu_name  # stdlib-only at import
 
 FLAGS = flags.FLAGS
 flags.DEFINE_string("before", "", "Another checkout whose grpo_jax is the 'before' side.")
+flags.DEFINE_string(
+    "before_python",
+    "",
+    "The 'before' side's interpreter (another venv: another jax); without --before, that side "
+    "runs this checkout, so the two sides differ in their packages alone.",
+)
 flags.DEFINE_integer("rounds", 2, "Alternating rounds per workload.", lower_bound=1)
 flags.DEFINE_string("out_dir", "experiments/results", "Where the JSON and markdown go.")
 flags.DEFINE_string("name", "roofline_cpu", "Basename of the results files.")
@@ -70,12 +82,12 @@ WORKLOADS = {
 }
 
 
-def bench(args: str, side: tuple[str, str]) -> dict:
-    """One benchmark.py process on side (PYTHONPATH, extra flags); its last line is the JSON
-    result."""
-    pythonpath, extra = side
+def bench(args: str, side: tuple[str, str, str]) -> dict:
+    """One benchmark.py process on side (PYTHONPATH, extra flags, interpreter); its last line
+    is the JSON result."""
+    pythonpath, extra, python = side
     env = {**os.environ, "PYTHONPATH": pythonpath}
-    cmd = [sys.executable, str(HERE / "benchmark.py"), *args.split(), *extra.split()]
+    cmd = [python, str(HERE / "benchmark.py"), *args.split(), *extra.split()]
     cmd.append("--breakdown_runs=1")
     out = subprocess.run(cmd, env=env, capture_output=True, text=True, check=True)
     return json.loads(out.stdout.strip().splitlines()[-1])
@@ -97,7 +109,7 @@ def summary(rows: list[dict]) -> dict:
     }
 
 
-def matmul_floor(args: str, side: tuple[str, str], step_s: float) -> dict:
+def matmul_floor(args: str, side: tuple[str, str, str], step_s: float) -> dict:
     """One more benchmark.py run with --matmul_floor: its floor and peak, and the floor's share
     of ``step_s`` (the side's median step time over the rounds)."""
     roof = bench(f"{args} --matmul_floor", side)["roofline"]
@@ -109,11 +121,27 @@ def matmul_floor(args: str, side: tuple[str, str], step_s: float) -> dict:
     }
 
 
+def described(side: tuple[str, str, str]) -> str:
+    """A side as the record names it: PYTHONPATH, extra flags, another interpreter if any."""
+    pythonpath, extra, python = side
+    other = f"with {python}" if python != sys.executable else ""
+    return " ".join(filter(None, (pythonpath, extra, other)))
+
+
+def jax_versions(res: dict) -> str:
+    """The jax the runs used: one version, or each side's where they differ (--before_python;
+    records before side_jax existed name the rendering process's)."""
+    by_side = res.get("side_jax", {})
+    if len({v for vs in by_side.values() for v in vs}) <= 1:
+        return f"jax {res['jax']}"
+    return "jax by side: " + ", ".join(f"{s} {'/'.join(v)}" for s, v in by_side.items())
+
+
 def markdown(res: dict) -> str:
     lines = [
         f"# CPU roofline of the GRPO step ({res['name']})",
         "",
-        f"Measured {res['date']} on {res['host']}; jax {res['jax']}; float32; "
+        f"Measured {res['date']} on {res['host']}; {jax_versions(res)}; float32; "
         f"{res['rounds']} alternating rounds per workload (medians). Command: `{res['command']}`.",
         "",
         "Sides: "
@@ -161,11 +189,12 @@ def main(argv):
     import jax
 
     root = str(HERE.parent)
-    sides = {"after": (root, "")}
-    if FLAGS.before:
-        sides = {"before": (str(Path(FLAGS.before).resolve()), ""), **sides}
+    sides = {"after": (root, "", sys.executable)}
+    if FLAGS.before or FLAGS.before_python:
+        before = str(Path(FLAGS.before).resolve()) if FLAGS.before else root
+        sides = {"before": (before, "", FLAGS.before_python or sys.executable), **sides}
     if FLAGS.release_side:
-        sides["after, release"] = (root, "--config.cpu_buffers=release")
+        sides["after, release"] = (root, "--config.cpu_buffers=release", sys.executable)
     raw = {w: {s: [] for s in sides} for w in WORKLOADS}
     for w, args in WORKLOADS.items():
         for _ in range(FLAGS.rounds):
@@ -188,7 +217,8 @@ def main(argv):
         "jax": jax.__version__,
         "rounds": FLAGS.rounds,
         "command": " ".join(["python experiments/roofline.py", *sys.argv[1:]]),
-        "sides": {name: " ".join(filter(None, side)) for name, side in sides.items()},
+        "sides": {name: described(side) for name, side in sides.items()},
+        "side_jax": {s: sorted({r["jax"] for w in raw for r in raw[w][s]}) for s in sides},
         "workloads": workloads,
         "exhaustive_over_sampled": ratio,
         "matmul_floor": floors,

@@ -29,12 +29,24 @@ def test_versus_trl_record_renders_to_its_markdown(tmp_path):
     assert (tmp_path / "out.md").read_text() == record.with_suffix(".md").read_text()
 
 
-@pytest.mark.parametrize("name", ["roofline_cpu", "roofline_cpu_avx512"])
+@pytest.mark.parametrize(
+    "name", ["roofline_cpu", "roofline_cpu_avx512", "roofline_cpu_avx512_jax012"]
+)
 def test_cpu_roofline_record_renders_to_its_markdown(name):
     record = RESULTS / f"{name}.json"
     assert (
         roofline.markdown(json.loads(record.read_text())) == record.with_suffix(".md").read_text()
     )
+
+
+def test_roofline_names_another_interpreter_and_each_sides_jax_only_where_they_differ():
+    assert roofline.described(("/a", "--x=1", sys.executable)) == "/a --x=1"
+    assert roofline.described(("/a", "", "/venv/bin/python")) == "/a with /venv/bin/python"
+    same = {"jax": "0.10.2", "side_jax": {"before": ["0.10.2"], "after": ["0.10.2"]}}
+    assert roofline.jax_versions(same) == "jax 0.10.2"
+    assert roofline.jax_versions({"jax": "0.9.0"}) == "jax 0.9.0"  # records before side_jax
+    other = {"jax": "0.12.0.1", "side_jax": {"before": ["0.10.2"], "after": ["0.12.0.1"]}}
+    assert roofline.jax_versions(other) == "jax by side: before 0.10.2, after 0.12.0.1"
 
 
 def test_scaling_record_renders_to_its_markdown():
