@@ -129,8 +129,8 @@ def described(side: tuple[str, str, str]) -> str:
 
 
 def jax_versions(res: dict) -> str:
-    """The jax the runs used: one version, or each side's where they differ (--before_python;
-    records before side_jax existed name the rendering process's)."""
+    """The jax the runs used: one version, or each side's where they differ (--before_python).
+    A record without side_jax names the jax of the roofline.py process that wrote it."""
     by_side = res.get("side_jax", {})
     if len({v for vs in by_side.values() for v in vs}) <= 1:
         return f"jax {res['jax']}"
