@@ -44,9 +44,6 @@ the cache key). ``--jobs=1`` runs them one at a time.
   (gpu_suite_parts.rollout_floor).
 - ``attention`` (on request): the large model at 16 prompts with ``model.attention=cudnn``
   (cuDNN's fused attention in the full-sequence passes), to set beside ``large``'s.
-- ``decode`` (on request): the same with ``model.decode_attention=reduce`` (the decode
-  steps' own-cache attention as multiply-and-sums, reading each cached key and value once,
-  instead of batched matrix-vector matmuls): the rollout's time beside ``large``'s.
 - ``profile`` (on request): ``experiments/profile_step.py`` in bfloat16 on the step above and
   on the large model: a jax.profiler trace, busy time by stage (rollout's decode loop,
   reference, update's forward / backward) and by kind of work (dense and batched matmuls,
@@ -72,7 +69,7 @@ both). ``--parts``: by default all but ``ON_REQUEST``'s (each child a compile of
 ``--smoke``: the parts at tiny sizes on the CPU (JAX_PLATFORMS=cpu, XLA's cheap compiles),
 two at a time with the device lock, into a fresh temporary directory unless --out_dir is
 given: the step in float32 only (bfloat16 runs in the large part, 2 layers x 64), V = 65 and
-256 (chunked) on 1 layer; targets "n/a (smoke)". tests/test_gpu_suite.py runs all seven.
+256 (chunked) on 1 layer; targets "n/a (smoke)". tests/test_gpu_suite.py runs all six.
 
 On a lent GPU machine (one call at most 600 s, 15 minutes of device time a session, a
 machine's start included): ``bash experiments/gpu_machine.sh download`` here once (the wheels
@@ -123,10 +120,9 @@ from gpu_suite_plan import MEMORY_SHARE, plan, schedule  # noqa: E402
 from versus_trl import git_state  # noqa: E402
 
 FLAGS = flags.FLAGS
-PARTS = ("step", "trl", "exhaustive", "large", "attention", "decode", "profile")
+PARTS = ("step", "trl", "exhaustive", "large", "attention", "profile")
 ON_REQUEST = (
     "attention",
-    "decode",
     "profile",
 )  # explain a measurement rather than make one of the issue's
 DEFAULT_PARTS = tuple(p for p in PARTS if p not in ON_REQUEST)  # issue 15's measurements

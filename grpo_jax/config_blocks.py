@@ -95,10 +95,6 @@ def attention_fields(m):
     # shared_prefix (any device; the prompt's keys once per group) | cudnn (jax's fused flash
     # kernel on a CUDA GPU, bfloat16/float16) | xla (the cudnn path's math, any device)
     m.attention = "shared_prefix"
-    # decode steps against each member's own cache (one query per member): matmul (batched
-    # matrix-vector products; the faster on a CPU) | reduce (float32 multiply-and-sums that
-    # read the cache once; for GPUs, measured by experiments/gpu_suite.py --parts=decode)
-    m.decode_attention = "matmul"
 
 
 def cheap_group_fields(g, max_candidates=64, num_classes=32):

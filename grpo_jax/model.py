@@ -22,8 +22,7 @@ much padding it got. Fixed-length prompts (mask all ones) take exactly the unmas
 ``attention`` (``model.attention``) picks how the full-sequence passes (prefill, extend and
 their backward) compute this softmax: ``shared_prefix`` as above, or one
 ``jax.nn.dot_product_attention`` call per member over its concatenated keys (``cudnn``: the
-fused flash kernel on a CUDA GPU; ``xla``: the same call through XLA). Decode always shares;
-``decode_attention`` picks how a decode step's one query per member meets its own cache.
+fused flash kernel on a CUDA GPU; ``xla``: the same call through XLA). Decode always shares.
 
 Params are float32; activations use ``dtype`` (float32 or bfloat16); logits come out float32.
 """
@@ -56,31 +55,12 @@ class Prefix(NamedTuple):
     length: jax.Array  # [B] int32
 
 
-def _own_scores(q, sk, reduce: bool):
-    """q [B, G, T, h, d] against a member's own keys sk [B, G, h, S, d] -> float32 scores
-    [B, G, h, T, S]: batched matmuls, or (``reduce``, T = 1) a float32 multiply-and-sum."""
-    if reduce:
-        qs = q[:, :, 0, :, None, :].astype(jnp.float32)  # [B, G, h, 1, d]
-        return jnp.sum(qs * sk.astype(jnp.float32), axis=-1)[..., None, :]
-    return jnp.einsum("bgthd,bghsd->bghts", q, sk).astype(jnp.float32)
-
-
-def _own_values(e, sv, dtype, reduce: bool):
-    """Weights e [B, G, h, T, S] (float32) over a member's own values sv [B, G, h, S, d] ->
-    [B, G, T, h, d]: batched matmuls in ``dtype``, or (``reduce``, T = 1) a float32 sum."""
-    if reduce:
-        out = jnp.sum(e[:, :, :, 0, :, None] * sv.astype(jnp.float32), axis=-2)
-        return out[:, :, None]
-    return jnp.einsum("bghts,bghsd->bgthd", e.astype(dtype), sv)
-
-
-def _attention(q, pk, pv, pmask, sk, sv, self_mask, dtype, reduce=False):
+def _attention(q, pk, pv, pmask, sk, sv, self_mask, dtype):
     """Softmax attention over [prefix ; own] keys, one softmax over both.
 
     q: [B, G, T, h, d]; pk/pv: [B, h, P, d] or None; pmask: [B, P] bool (real prefix keys);
     sk/sv: [B, G, h, S, d]; self_mask: broadcastable to [B, G, h, T, S] (True = may attend).
-    ``reduce`` (decode, T = 1): the own keys' scores and values as multiply-and-sums instead
-    of matmuls (``model.decode_attention``). Returns [B, G, T, h, d].
+    Returns [B, G, T, h, d].
 
     The two key sets are never concatenated: each gets its own exponentials against their
     common max, and the normaliser is the sum of both, so the result is the softmax over the
@@ -90,7 +70,7 @@ def _attention(q, pk, pv, pmask, sk, sv, self_mask, dtype, reduce=False):
     """
     b, g, t, nh, hd = q.shape
     q = q * jnp.asarray(hd**-0.5, q.dtype)
-    s_self = _own_scores(q, sk, reduce)
+    s_self = jnp.einsum("bgthd,bghsd->bghts", q, sk).astype(jnp.float32)
     s_self = jnp.where(self_mask, s_self, _NEG_INF)
     m = jnp.max(s_self, axis=-1)  # [B, G, h, T]
     if pk is not None:
@@ -104,7 +84,7 @@ def _attention(q, pk, pv, pmask, sk, sv, self_mask, dtype, reduce=False):
     m = jax.lax.stop_gradient(m)  # any shift gives the same softmax: no gradient through it
     e_self = jnp.exp(s_self - m[..., None])
     denom = jnp.sum(e_self, axis=-1)
-    out = _own_values(e_self, sv, dtype, reduce)
+    out = jnp.einsum("bghts,bghsd->bgthd", e_self.astype(dtype), sv)
     if pk is not None:
         m_q = m.transpose(0, 2, 1, 3).reshape(b, nh, g * t, 1)
         e_pre = jnp.exp(s_pre - m_q)
@@ -115,13 +95,6 @@ def _attention(q, pk, pv, pmask, sk, sv, self_mask, dtype, reduce=False):
 
 
 ATTENTION = ("shared_prefix", "xla", "cudnn")  # model.attention's choices
-# model.decode_attention's choices: how a decode step (one query per member) scores and weighs
-# the member's own cache. Each of those products is a matrix-vector one: "matmul" runs them as
-# batched matmuls (XLA:CPU's faster form: with "reduce" the TRL-comparable step's rollout took
-# 0.31-0.33 s instead of 0.28-0.31 s on 2 cores), "reduce" as float32 multiply-and-sums
-# that read each cached key and value once, the shape of a memory-bound kernel, for GPUs
-# (experiments/gpu_suite.py --parts=decode measures it against matmul)
-DECODE_ATTENTION = ("matmul", "reduce")
 
 
 def _joint_attention(q, k, v, prefix, self_mask, implementation):
@@ -168,7 +141,6 @@ class Block(nn.Module):
     dropout: float
     dtype: Any
     attention: str = "shared_prefix"
-    decode_attention: str = "matmul"
 
     @nn.compact
     def __call__(self, x, prefix, cache, index, deterministic, key_mask=None):
@@ -209,8 +181,7 @@ class Block(nn.Module):
             att = _joint_attention(q, own_k, own_v, prefix, mask, self.attention)
         else:
             pk, pv, pm = prefix if prefix is not None else (None, None, None)
-            reduce = cache is not None and self.decode_attention == "reduce"
-            att = _attention(q, pk, pv, pm, sk, sv, mask, self.dtype, reduce)
+            att = _attention(q, pk, pv, pm, sk, sv, mask, self.dtype)
         att = att.reshape(x.shape)
         x = x + drop(dense(self.d_model, "proj")(att))
 
@@ -232,7 +203,6 @@ class Transformer(nn.Module):
     dropout: float = 0.0
     dtype: Any = jnp.float32
     attention: str = "shared_prefix"  # one of ATTENTION: the full-sequence passes' attention
-    decode_attention: str = "matmul"  # one of DECODE_ATTENTION: the decode steps' own cache
 
     def setup(self):
         if self.d_model % self.num_heads:
@@ -257,7 +227,6 @@ class Transformer(nn.Module):
                 self.dropout,
                 self.dtype,
                 self.attention,
-                self.decode_attention,
             )
             for _ in range(self.num_layers)
         ]
@@ -346,7 +315,6 @@ def make_model(model_cfg, vocab_size: int, max_len: int) -> Transformer:
         dropout=model_cfg.dropout,
         dtype=DTYPES[model_cfg.dtype],
         attention=model_cfg.attention,
-        decode_attention=model_cfg.decode_attention,
     )
 
 

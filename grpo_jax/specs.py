@@ -17,7 +17,7 @@ import jax
 import jax.extend
 
 from grpo_jax import objective
-from grpo_jax.model import ATTENTION, DECODE_ATTENTION
+from grpo_jax.model import ATTENTION
 from grpo_jax.rollout import SamplingParams
 
 GROUP_MODES = ("sampled", "exhaustive", "guided", "adaptive", "pruned", "hierarchical")
@@ -326,7 +326,6 @@ class ModelSpec:
     dropout: float
     dtype: str
     attention: str = "shared_prefix"
-    decode_attention: str = "matmul"
 
     @classmethod
     def from_config(cls, m) -> ModelSpec:
@@ -340,9 +339,6 @@ class ModelSpec:
                 "model.dtype", m.get("dtype", "float32"), ("float32", "bfloat16", "float16")
             ),
             attention=choice("model.attention", m.get("attention", "shared_prefix"), ATTENTION),
-            decode_attention=choice(
-                "model.decode_attention", m.get("decode_attention", "matmul"), DECODE_ATTENTION
-            ),
         )
         require(
             spec.d_model % spec.num_heads == 0,

@@ -144,10 +144,6 @@ CASES = {
     "d_model_indivisible": ([*SHAKESPEARE, "--config.model.d_model=33"], ["num_heads"]),
     "num_layers_0": ([*SHAKESPEARE, "--config.model.num_layers=0"], ["model.num_layers=0"]),
     "attention_unknown": ([*SHAKESPEARE, "--config.model.attention=flash"], ["shared_prefix"]),
-    "decode_attention_unknown": (
-        [*SHAKESPEARE, "--config.model.decode_attention=fast"],
-        ["model.decode_attention='fast' is unknown; choose from matmul, reduce"],
-    ),
     "attention_cudnn_on_cpu": (
         [*SHAKESPEARE, "--config.model.attention=cudnn", "--config.model.dtype=bfloat16"],
         ["model.attention='cudnn' needs a CUDA GPU, not cpu", "'shared_prefix'"],

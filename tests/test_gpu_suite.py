@@ -7,6 +7,7 @@ import os
 import shlex
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -21,7 +22,7 @@ def positive(x) -> bool:
 def test_gpu_suite_smoke(tmp_path, shakespeare_path):
     env = {**os.environ, "GRPO_JAX_DATA": str(shakespeare_path), "JAX_PLATFORMS": "cpu"}
     cmd = [sys.executable, "experiments/gpu_suite.py", "--smoke", f"--out_dir={tmp_path}"]
-    cmd.append("--parts=step,trl,exhaustive,large,attention,decode,profile")  # last 3: named
+    cmd.append("--parts=step,trl,exhaustive,large,attention,profile")  # last 2: on request
     done = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
     (js,) = tmp_path.glob("gpu_suite_*.json")
@@ -38,7 +39,7 @@ def test_gpu_suite_smoke(tmp_path, shakespeare_path):
         assert device["measured_peak"][dtype] == res["probe"]["measured_peak"][dtype]
         assert "--child=peak" in res["peak"][dtype]["command"]
     assert set(res) == {"probe", "peak", "step", "trl", "exhaustive", "large", "attention",
-                        "decode", "profile"}  # fmt: skip
+                        "profile"}  # fmt: skip
     assert set(raw["part_wall_s"]) == set(res) and positive(raw["wall_s"])
     # two children at a time: every measuring child took the device lock, and no timed
     # section shared the device (peak x2, step, V x2, large, profile; TRL where installed)
@@ -71,8 +72,6 @@ def test_gpu_suite_smoke(tmp_path, shakespeare_path):
     assert "--config.model.num_layers=2" in res["large"]["2"]["command"]
     check_bench(res["attention"]["2"], "bfloat16")  # the same model, cuDNN's path through XLA
     assert "--config.model.attention=xla" in res["attention"]["2"]["command"]
-    check_bench(res["decode"]["2"], "bfloat16")  # the same model, decode by multiply-and-sums
-    assert "--config.model.decode_attention=reduce" in res["decode"]["2"]["command"]
 
     assert set(res["trl"]) == {"float32", "bfloat16"}
     for r in res["trl"].values():  # skipped where torch/trl are absent (this env), else run
@@ -98,12 +97,11 @@ def test_gpu_suite_smoke(tmp_path, shakespeare_path):
     assert positive(prof["thunk_ms_per_step"]) and positive(prof["wall_ms_per_step"])
     assert positive(prof["by_kind"]["matmul"]) and positive(prof["matmul_gflop_per_step"]["matmul"])
     assert {"rollout: decode loop", "update: backward"} <= set(prof["by_stage"])
-    # probe, peak x2, step, trl x2, V x2, large, attention, decode, profile
-    assert len(raw["commands"]) == 1 + 2 + 1 + 2 + 2 + 1 + 1 + 1 + 1
+    # probe, peak x2, step, trl x2, V x2, large, attention, profile
+    assert len(raw["commands"]) == 1 + 2 + 1 + 2 + 2 + 1 + 1 + 1
     text = md.read_text()
     for heading in ("## Targets", "## GRPO step", "## TRL GRPOTrainer", "## Exhaustive GRPO",
                     "## Larger model", "## Larger model, `model.attention` as its command",
-                    "## Larger model, `model.decode_attention=reduce`",
                     "## Where the GRPO step's time goes (step, float32",
                     "## Commands"):  # fmt: skip
         assert heading in text, heading
@@ -149,7 +147,7 @@ def check_resume(js: Path, env: dict):
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
     rerun = json.loads((js.parent / "rerun.json").read_text())["child_records"]
     kept = {r["part"] for r in rerun if "resumed_from" in r["result"]}
-    assert {"peak", "step", "large", "attention", "decode", "profile"} <= kept
+    assert {"peak", "step", "large", "attention", "profile"} <= kept
     assert "exhaustive" not in kept
     assert sum(r["part"] == "exhaustive" and "median_step_s" in r["result"] for r in rerun) == 2
     for bad, line in (
@@ -273,6 +271,28 @@ def test_the_large_model_runs_at_each_batch_of_the_plan():
     checks = targets(results, gpu=True, wall_s=100.0, smoke=False)
     assert checks["large model, 16 prompts: rollout MFU (nominal peak)"]["met"] is True
     assert checks["large model, 32 prompts: rollout MFU (nominal peak)"]["met"].startswith("n/a")
+
+
+def test_a_resumed_record_claims_no_suite_wall_time_only_its_own_call():
+    """A call with --resume holds earlier calls' measurements: its own (short) wall time is
+    not the suite's, so the target is n/a and the markdown says whose time it gives."""
+    sys.path.insert(0, str(ROOT / "experiments"))
+    import gpu_suite_report as report
+    from gpu_suite_markdown import wall_words
+
+    probe = {"part": "probe", "key": "device", "result": {"device_kind": "H", "platform": "gpu"}}
+    kept = {"part": "peak", "key": "float32", "result": {"error": "x", "resumed_from": "a.json"}}
+    run = dict(command="c", git={}, child_env={}, workers=1, device_lock=None)
+    p = {"dtypes": ["float32"]}
+    fresh = report.record([probe], p, smoke=False, final=True, t0=time.perf_counter(), **run)
+    assert fresh["targets"]["suite wall time (s)"]["met"] is True
+    assert fresh["targets"]["suite wall time (s)"]["value"] == fresh["wall_s"]
+    raw = report.record([probe, kept], p, smoke=False, final=True, t0=time.perf_counter(), **run)
+    wall = raw["targets"]["suite wall time (s)"]
+    assert wall["value"] is None and raw["wall_s"] is not None
+    assert wall["met"] == "n/a (not one run: measurements kept from a.json)"
+    assert wall_words(raw).startswith(f"This call's wall time {raw['wall_s']:.0f} s, not the")
+    assert wall_words(fresh).startswith(f"Total wall time {fresh['wall_s']:.0f} s (budget")
 
 
 # a child that runs out of memory the first time it runs and measures the second

@@ -51,7 +51,7 @@ def get_config(arg=None):
     c.model.mlp_ratio = 4  # MLP hidden = mlp_ratio * d_model
     c.model.dropout = 0.0  # dropout rate (the warm-up's forwards are deterministic)
     c.model.dtype = "float32"  # compute dtype: float32 | bfloat16 (params stay float32)
-    blocks.attention_fields(c.model)  # how attention runs: model.attention, decode_attention
+    blocks.attention_fields(c.model)  # how attention runs: model.attention
     c.model.max_len = 0  # positional window; 0 -> longest prompt + max_completion_length
 
     c.pretrain = config_dict.ConfigDict()  # the supervised warm-up (answer then EOS)
