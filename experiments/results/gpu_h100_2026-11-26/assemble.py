@@ -9,6 +9,9 @@ with ``--parts=large,profile --jobs=1`` (call2.*, 217 s) and measured both. That
 --resume dropped the kept parts outside --parts from its record, so this script puts call 1's
 children back beside call 2's (what --resume now does itself) and writes the record's .json
 and .md through gpu_suite_report: the suite's own figures and targets.
+
+Superseded by gpu_h100_2026-11-27/assemble.py: the top-level record is that lease's now, and
+running this script would write the first lease's back over it.
 """
 
 import json
