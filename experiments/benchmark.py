@@ -26,10 +26,12 @@ import device_lock
 import jax
 from absl import app, flags
 from measure import (
+    compile_step,
     configure_host,
     matmul_floor,
     matmul_peak,
     memory,
+    run_steps,
     step_flops,
     time_train_step,
     timed,
@@ -65,19 +67,34 @@ flags.DEFINE_bool(
 )
 
 
-def breakdown(step, state, inputs, runs):
-    """The task's own step in its two halves, each jitted separately (not donating, so the
-    state survives every run): ``step.rollout`` and ``step.update`` (on the rollout's batch,
-    with the host rewards computed once beforehand when the task has a Python reward)."""
-    rollout = jax.jit(step.rollout)
-    update = jax.jit(step.update)
-    with device_lock.shared():  # the first calls compile
-        batch, _ = timed(rollout, state, inputs)
-        host = None if step.host is None else step.host(batch)
-        timed(update, state, inputs, batch, host)
-    with device_lock.timed():
-        _, t_rollout = timed(rollout, state, inputs, runs=runs)
-        _, t_update = timed(update, state, inputs, batch, host, runs=runs)
+def compile_halves(step, state, inputs):
+    """The task's own step in its two halves, ``step.rollout`` and ``step.update`` (on the
+    rollout's batch), each compiled ahead of time on its own, not donating (the state
+    survives every run): (rollout, update). The update is lowered on the rollout's output
+    shapes and shardings; with a Python reward the host rewards need a real batch, so one
+    rollout runs here, untimed."""
+    rollout = jax.jit(step.rollout).lower(state, inputs).compile()
+    if step.host is None:
+        batch, host = jax.eval_shape(step.rollout, state, inputs), None
+        batch = jax.tree.map(
+            lambda a, sh: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=sh),
+            batch,
+            rollout.output_shardings,
+        )
+    else:
+        batch = rollout(state, inputs)
+        host = step.host(batch)
+    return rollout, jax.jit(step.update).lower(state, inputs, batch, host).compile()
+
+
+def breakdown(halves, step, state, inputs, runs):
+    """compile_halves' programs, each run once untimed and then ``runs`` times."""
+    rollout, update = halves
+    batch = jax.block_until_ready(rollout(state, inputs))
+    host = None if step.host is None else step.host(batch)
+    jax.block_until_ready(update(state, inputs, batch, host))
+    _, t_rollout = timed(rollout, state, inputs, runs=runs)
+    _, t_update = timed(update, state, inputs, batch, host, runs=runs)
     return {
         "rollout_s": statistics.median(t_rollout),
         "update_s": statistics.median(t_update),
@@ -113,7 +130,8 @@ def roofline(config, task, step, state, inputs, compiled, step_s):
         return {**out, "matmul_peak_gflops": None, "fraction_of_peak": None}
     d, hidden = config.model.d_model, config.model.mlp_ratio * config.model.d_model
     v = state.params["embed"]["embedding"].shape[0]  # the tied output head's V
-    rows = (task.tokens_per_step, max(1, task.tokens_per_step // config.data.horizon))
+    horizon = completion_length(step, state, inputs)
+    rows = (task.tokens_per_step, max(1, task.tokens_per_step // horizon))
     shapes = [
         (r, k, n) for r in rows for k, n in ((d, 3 * d), (d, d), (d, hidden), (hidden, d), (d, v))
     ]
@@ -151,10 +169,17 @@ def build(config):
     return task, step, jstep, state, inputs, mesh, int(n_params)
 
 
-def per_device(config, task, mesh, peaks) -> dict:
+def completion_length(step, state, inputs) -> int:
+    """The longest completion the step's groups generate (its batch's token axis), whatever
+    the task calls it in its config."""
+    parts = jax.eval_shape(step.rollout, state, inputs).parts
+    return max(p.tokens.shape[-1] for p in parts)
+
+
+def per_device(config, task, mesh, peaks, horizon: int) -> dict:
     """Each device's share of the step's work on a multi-device mesh, and its peak bytes."""
     # the task's own count (hierarchical groups need its token classes): tokens / (B x H)
-    members = task.tokens_per_step / (config.train.batch_size * config.data.horizon)
+    members = task.tokens_per_step / (config.train.batch_size * horizon)
     return {
         "num_devices": mesh.size,
         **sharding.per_device_work(config, mesh, members),
@@ -191,7 +216,7 @@ def record(config, task, state, mesh, n_params, measured: dict) -> dict:
         res["roofline"] = measured["roofline"]
     res["mesh"] = sharding.describe(mesh) if mesh is not None else "none (plain jit)"
     if mesh is not None and jax.device_count() > 1:
-        res["per_device"] = per_device(config, task, mesh, measured["peaks"])
+        res["per_device"] = per_device(config, task, mesh, measured["peaks"], measured["horizon"])
     return res
 
 
@@ -260,22 +285,29 @@ def main(argv):
         counts = {"params": n_params, "tokens_per_step": task.tokens_per_step}
         print(json.dumps({**counts, **flop_counts(step, state, inputs)}))
         return
-    compiled, state, metrics, compile_s, times = time_train_step(
-        jstep, state, inputs, FLAGS.warmup, FLAGS.steps
-    )
-    measured = {
-        "compile_s": compile_s,
-        "step_times_s": times,
-        "memory": memory(compiled),  # before the breakdown allocates anything else
-        "peaks": [(d.memory_stats() or {}).get("peak_bytes_in_use") for d in jax.devices()],
-        "loss": float(metrics["loss"]),
-        "cpu_buffers": cpu_buffers,
-        "roofline": None,
-    }
+    # one compile section and one timed section (device_lock: no-ops unless gpu_suite.py runs
+    # children side by side): each timed section waits for the compiles already running
+    with device_lock.shared():
+        compiled, state, compile_s = compile_step(jstep, state, inputs)
+        halves = compile_halves(step, state, inputs)
+    with device_lock.timed():
+        run = compiled if compiled is not None else jstep
+        state, metrics, times = run_steps(run, state, inputs, FLAGS.warmup, FLAGS.steps)
+        measured = {
+            "compile_s": compile_s,
+            "step_times_s": times,
+            "memory": memory(compiled),  # before the breakdown allocates anything else
+            "peaks": [(d.memory_stats() or {}).get("peak_bytes_in_use") for d in jax.devices()],
+            "loss": float(metrics["loss"]),
+            "cpu_buffers": cpu_buffers,
+            "roofline": None,
+        }
+        measured["breakdown"] = breakdown(halves, step, state, inputs, FLAGS.breakdown_runs)
+    if mesh is not None and jax.device_count() > 1:
+        measured["horizon"] = completion_length(step, state, inputs)
     if FLAGS.roofline and step.host is None and compiled is not None:
         med = statistics.median(times)
         measured["roofline"] = roofline(config, task, step, state, inputs, compiled, med)
-    measured["breakdown"] = breakdown(step, state, inputs, FLAGS.breakdown_runs)
     res = record(config, task, state, mesh, n_params, measured)
     report(res)
     line = json.dumps(res)

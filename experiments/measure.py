@@ -32,35 +32,45 @@ def timed(fn, *args, runs=1):
     return out, times
 
 
-def time_train_step(jitted_step, state, inputs, warmup: int, steps: int):
-    """Compiles a jitted (donating) train step, runs `warmup` untimed and `steps` timed steps.
+def compile_step(jitted_step, state, inputs):
+    """Compiles a jitted (donating) train step ahead of time: (compiled, state, seconds).
 
     ``jitted_step`` is a ``jax.jit`` function (e.g. ``jax.jit(step.fused, donate_argnums=0)``
-    or sharding.jit_step's run of a fused step), compiled ahead of time here. A step that is
-    not one program (sharding.jit_step's run of an engine.Step with a Python reward: jitted
-    rollout, host rewards, jitted update) has no ``lower``: its first call, compilations
-    included, is timed as the compile instead, and ``compiled`` is None.
+    or sharding.jit_step's run of a fused step). A step that is not one program
+    (sharding.jit_step's run of an engine.Step with a Python reward: jitted rollout, host
+    rewards, jitted update) has no ``lower``: its first call, compilations included, is timed
+    as the compile instead (``state`` is then its output), and ``compiled`` is None."""
+    t0 = time.perf_counter()
+    if hasattr(jitted_step, "lower"):
+        compiled = jitted_step.lower(state, inputs).compile()
+    else:
+        compiled = None
+        state, _ = jax.block_until_ready(jitted_step(state, inputs))
+    return compiled, state, time.perf_counter() - t0
 
-    The compile holds device_lock.shared(), the warm-up and timed steps device_lock.timed()
+
+def run_steps(run, state, inputs, warmup: int, steps: int):
+    """``warmup`` untimed and ``steps`` timed calls of a (donating) step, each consuming the
+    state the last returned: (state, last metrics, per-step seconds)."""
+    times, metrics = [], None
+    for _ in range(warmup):
+        state, _ = jax.block_until_ready(run(state, inputs))
+    for _ in range(steps):
+        (state, metrics), t = timed(run, state, inputs)
+        times += t
+    return state, metrics, times
+
+
+def time_train_step(jitted_step, state, inputs, warmup: int, steps: int):
+    """compile_step under device_lock.shared(), then run_steps under device_lock.timed()
     (no-ops unless gpu_suite.py runs children side by side).
 
     Returns (compiled, state, last metrics, compile seconds, per-step seconds)."""
     with device_lock.shared():
-        t0 = time.perf_counter()
-        if hasattr(jitted_step, "lower"):
-            compiled = jitted_step.lower(state, inputs).compile()
-        else:
-            compiled = None
-            state, _ = jax.block_until_ready(jitted_step(state, inputs))
-        compile_s = time.perf_counter() - t0
-    run = compiled if compiled is not None else jitted_step
-    times, metrics = [], None
+        compiled, state, compile_s = compile_step(jitted_step, state, inputs)
     with device_lock.timed():
-        for _ in range(warmup):
-            state, _ = jax.block_until_ready(run(state, inputs))
-        for _ in range(steps):  # one call per timing: each step consumes the state it is given
-            (state, metrics), t = timed(run, state, inputs)
-            times += t
+        run = compiled if compiled is not None else jitted_step
+        state, metrics, times = run_steps(run, state, inputs, warmup, steps)
     return compiled, state, metrics, compile_s, times
 
 

@@ -15,11 +15,14 @@ This script turns them off (``--xla_gpu_enable_command_buffer=`` in XLA_FLAGS, r
 save: the attribution is the point, benchmark.py's time the step's. Its GPU path has not yet
 run with them off.
 
-- kind: ``matmul`` (a dot, or a YNNPACK fusion holding one: such a fusion may hold several
-  matmuls and the elementwise work between them), ``batched matmul`` (a dot with batch
-  dimensions: attention's scores and values), ``layout`` (copies, transposes, pads,
+- kind: ``matmul`` (a dot, a YNNPACK or Triton fusion holding one: such a fusion may hold
+  several matmuls and the elementwise work between them, or a cuBLAS GEMM custom-call),
+  ``batched matmul`` (the same with batch dimensions: attention's scores and values; and
+  cuDNN's fused attention), ``layout`` (copies, transposes, pads,
   slices, broadcasts, dynamic-update-slice: moving data, computing nothing), ``reduction``,
-  ``gather/scatter``, ``elementwise`` (every other fusion);
+  ``gather/scatter``, ``elementwise`` (every other fusion). A dot that XLA rewrote as a
+  reduction (XLA:GPU does so for the decode step's one-query attention) is a reduction here,
+  while its FLOPs stay in the batched matmul's count;
 - stage, from the instruction's op_name (the engine's named scopes and JAX's transformations):
   ``rollout: decode loop`` (the model's decode steps and the sampler), ``rollout: prefill``,
   ``rollout: reference`` (π_ref on the completions), ``rollout: other`` (rewards), ``update:

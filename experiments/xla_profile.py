@@ -30,17 +30,24 @@ STAGES = (  # the first whose marks all occur in the op_name
     ("update: forward", ("jvp(",)),
     ("update: other", ("update",)),
 )
+# XLA:GPU runs most matmuls as library calls, custom-calls that hold no dot: cuBLAS(Lt) GEMMs
+# (their batch dimensions in the backend config's JSON) and cuDNN's fused attention
+_GEMM_CALL = re.compile(r"^__cublas\$")
+_ATTENTION_CALL = re.compile(r"^__cudnn\$fmha")
+_JSON_BATCH = re.compile(r'"lhs_batch_dimensions":\[\s*"?\d')
 _INSTR = re.compile(r"^\s*(?:ROOT )?%?([\w.\-]+) = (.+?) ([\w\-]+)\(")  # tuple shapes have spaces
 _COMP = re.compile(r"^(?:ENTRY )?%?([\w.\-]+) .*\{\s*$")
 
 
 def parse_hlo(text: str) -> dict:
-    """{instruction name: {"shape", "opcode", "op_name", "body", "batched"}} for every
-    instruction of every computation. "body" lists the opcodes of the computation a fusion
-    calls (does it hold a dot, a reduce, a gather); "batched": a dot with batch dimensions,
-    the instruction's own or one in its body. An instruction without an op_name (XLA drops
-    some inside loop bodies) takes the op_name of the instruction that calls its computation,
-    so a decode step's ops still name their stage."""
+    """{instruction name: {"shape", "opcode", "op_name", "body", "batched", "target"}} for
+    every instruction of every computation. "body" lists the opcodes of the computation a
+    fusion calls (does it hold a dot, a reduce, a gather); "batched": a dot with batch
+    dimensions, the instruction's own, one in its body, or a cuBLAS call's (its backend
+    config's ``lhs_batch_dimensions``); "target": a custom-call's ``custom_call_target``.
+    An instruction without an op_name (XLA drops some inside loop bodies) takes the op_name
+    of the instruction that calls its computation, so a decode step's ops still name their
+    stage."""
     instrs, bodies, caller, comp = {}, collections.defaultdict(list), {}, None
     for line in text.splitlines():
         c = _COMP.match(line)
@@ -51,7 +58,9 @@ def parse_hlo(text: str) -> dict:
         if not m:
             continue
         name, shape, opcode = m.groups()
-        batched = "lhs_batch_dims" in line
+        target = re.search(r'custom_call_target="([^"]*)"', line)
+        target = target.group(1) if target else ""
+        batched = "lhs_batch_dims" in line or bool(_JSON_BATCH.search(line))
         bodies[comp].append((opcode, batched))
         op_name = re.search(r'op_name="([^"]*)"', line)
         called = re.findall(
@@ -61,7 +70,7 @@ def parse_hlo(text: str) -> dict:
             caller.setdefault(callee, name)
         op_name = op_name.group(1) if op_name else ""
         instrs[name] = dict(shape=shape, opcode=opcode, comp=comp, batched=batched,
-                            op_name=op_name, calls=called)  # fmt: skip
+                            op_name=op_name, calls=called, target=target)  # fmt: skip
     for name, info in instrs.items():
         body = [op for callee in info.pop("calls") for op in bodies.get(callee, [])]
         info["body"] = sorted({op for op, _ in body})
@@ -78,7 +87,10 @@ def parse_hlo(text: str) -> dict:
 def kind_of(name: str, info: dict) -> str:
     """The kind of work one instruction does (see the module docstring)."""
     ops = set(info["body"]) | {info["opcode"]}
-    if "dot" in ops or "convolution" in ops:
+    target = info.get("target", "")
+    if _ATTENTION_CALL.match(target):  # its scores and values are batched dots
+        return "batched matmul"
+    if "dot" in ops or "convolution" in ops or _GEMM_CALL.match(target):
         return "batched matmul" if info["batched"] else "matmul"
     if ops & {"gather", "scatter"} or re.search(r"gather|scatter", name):
         return "gather/scatter"

@@ -130,6 +130,40 @@ def test_an_unnamed_loop_body_instruction_takes_its_loops_name():
     assert P.stage_of(fusion["op_name"]) == "update: forward"
 
 
+GPU_HLO = """
+%gemm_fusion_dot.12_computation (parameter_0: bf16[64,128], parameter_1: bf16[128,256]) -> bf16[64,256] {
+  %parameter_0 = bf16[64,128]{1,0} parameter(0)
+  %parameter_1 = bf16[128,256]{1,0} parameter(1)
+  ROOT %dot.1 = bf16[64,256]{1,0} dot(%parameter_0, %parameter_1), lhs_contracting_dims={1}, rhs_contracting_dims={0}
+}
+
+ENTRY %main.2 (a: bf16[64,128], b: bf16[128,256]) -> bf16[64,256] {
+  %custom-call.3 = (bf16[64,256]{1,0}, s8[4194304]{0}) custom-call(bf16[64,128]{1,0} %a, bf16[128,256]{1,0} %b), custom_call_target="__cublas$gemm", metadata={op_name="jit(fused)/update/transpose(jvp(Transformer.extend))/blocks_0/fc/dot_general"}, backend_config={"operation_queue_id":"0","wait_on_operation_queues":[],"gemm_backend_config":{"alpha_real":1,"alpha_imag":0,"beta":0,"dot_dimension_numbers":{"lhs_contracting_dimensions":["1"],"rhs_contracting_dimensions":["0"],"lhs_batch_dimensions":[],"rhs_batch_dimensions":[]},"precision_config":{"operand_precision":["DEFAULT","DEFAULT"]},"epilogue":"DEFAULT","grad_x":false,"grad_y":false}}
+  %cublas-lt-matmul.4 = (bf16[4,64,64]{2,1,0}, s8[0]{0}) custom-call(bf16[4,64,32]{2,1,0} %c, bf16[4,32,64]{2,1,0} %d), custom_call_target="__cublas$lt$matmul", backend_config={"gemm_backend_config":{"dot_dimension_numbers":{"lhs_contracting_dimensions":["2"],"rhs_contracting_dimensions":["1"],"lhs_batch_dimensions":["0"],"rhs_batch_dimensions":["0"]},"epilogue":"DEFAULT"}}
+  %custom-call.5 = (bf16[4,64,2,32]{3,2,1,0}, u8[0]{0}) custom-call(%q, %k, %v, %bias), custom_call_target="__cudnn$fmhaScaleBiasSoftmax", backend_config={"cudnn_fmha_backend_config":{"bmm1_dot_dimension_numbers":{"lhs_batch_dimensions":["0","2"]}}}
+  %gemm_fusion_dot.12 = bf16[64,256]{1,0} fusion(%a, %b), kind=kCustom, calls=%gemm_fusion_dot.12_computation, backend_config={"fusion_backend_config":{"kind":"__triton_gemm"}}
+  ROOT %custom-call.6 = f32[64]{0} custom-call(%a), custom_call_target="SomeOtherCall"
+}
+"""  # noqa: E501  (an optimised XLA:GPU module's lines as XLA prints them)
+
+
+def test_gpu_library_calls_are_filed_as_the_matmuls_they_are():
+    """On a GPU most matmuls are custom-calls holding no dot: a cuBLAS GEMM is a matmul
+    (batched when its backend config names batch dimensions), cuDNN's fused attention a
+    batched matmul, a Triton GEMM fusion a matmul by its body; any other custom call stays
+    elementwise. (The first H100 profile filed the GEMMs as elementwise: its matmul row
+    implied 2,000 TFLOP/s.)"""
+    instrs = P.parse_hlo(GPU_HLO)
+    kinds = {name: P.kind_of(name, info) for name, info in instrs.items()}
+    assert instrs["custom-call.3"]["target"] == "__cublas$gemm"
+    assert kinds["custom-call.3"] == "matmul"
+    assert kinds["cublas-lt-matmul.4"] == "batched matmul"
+    assert kinds["custom-call.5"] == "batched matmul"
+    assert kinds["gemm_fusion_dot.12"] == "matmul"
+    assert kinds["custom-call.6"] == "elementwise"
+    assert P.stage_of(instrs["custom-call.3"]["op_name"]) == "update: backward"
+
+
 def test_device_tracks_count_kernels_and_report_what_names_no_instruction(tmp_path):
     """A GPU-shaped trace: only the device track's kernels count (the host's launches would
     count them twice); an ``hlo_op`` given as a path still names its instruction; kernels with
