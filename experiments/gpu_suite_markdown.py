@@ -270,7 +270,7 @@ def large_section(large: dict, batch: str) -> list:
 
 def profile_section(prof: dict, name: str) -> list:
     """profile_step.py's summary of one workload (``name``: the plan's, e.g. step, large): busy
-    time by stage and by kind of work, the matmul rates."""
+    time by stage and by kind of work, the matmul rates, the costliest source ops."""
     dtype = f", {prof['dtype']}" if "dtype" in prof else ""
     title = f"## Where the GRPO step's time goes ({name}{dtype}; experiments/profile_step.py)"
     lines = ["", title, ""]
@@ -290,4 +290,7 @@ def profile_section(prof: dict, name: str) -> list:
         ms = prof["by_kind"].get(kind, 0.0)  # GFLOP per ms is TFLOP/s
         rate = f"{g / ms:.3g} TFLOP/s busy" if ms > 0 else "– (no kernel of this kind attributed)"
         lines.append(f"- {kind}: {g:.3g} GFLOP / step at {rate}")
+    ops = prof.get("by_op", [])[:8]  # records from before it was kept have none
+    lines += ["- costliest source ops (layers and loop segments summed):"] if ops else []
+    lines += [f"  - `{r['op']}` ({r['kind']}, {r['stage']}): {r['thunk_ms']:.1f} ms" for r in ops]
     return lines

@@ -169,13 +169,23 @@ def traced(run, steps: int) -> tuple[str, float]:
     return trace_dir, wall
 
 
+def source_op(op_name: str) -> str:
+    """An op_name without the jit's name, its layer indices and the loops' scopes, so that
+    one op of the model sums over its layers and loop bodies into one row:
+    ``rollout/Transformer.decode/blocks_*/bghts,bghsd->bgthd/dot_general``."""
+    name = re.sub(r"^jit\([^)]*\)/", "", op_name)
+    name = re.sub(r"(while/body/|eval_jaxpr/|closed_call/|checkpoint/|remat/)", "", name)
+    return re.sub(r"blocks_\d+", "blocks_*", name) or "(unnamed)"
+
+
 def summarise(instrs: dict, timing: tuple, wall_s: float, top: int) -> dict:
-    """Core-ms per step by kind, by stage, by stage and kind, the costliest instructions and
-    the time no instruction claimed (``timing``: thunk_times's pair)."""
+    """Core-ms per step by kind, by stage, by stage and kind, the costliest instructions, the
+    costliest source ops (every layer's and loop segment's instructions of one op summed:
+    ``by_op``) and the time no instruction claimed (``timing``: thunk_times's pair)."""
     times, unattributed = timing
     by_kind, by_stage = collections.Counter(), collections.Counter()
     cross = collections.defaultdict(collections.Counter)
-    rows = []
+    rows, ops = [], collections.defaultdict(lambda: [0.0, 0])
     for name, (ms, calls) in times.items():
         info = instrs[name]
         kind, stage = kind_of(name, info), stage_of(info["op_name"])
@@ -184,7 +194,13 @@ def summarise(instrs: dict, timing: tuple, wall_s: float, top: int) -> dict:
         cross[stage][kind] += ms
         rows.append(dict(instruction=name, kind=kind, stage=stage, thunk_ms=ms, calls=calls,
                          shape=info["shape"], op_name=info["op_name"]))  # fmt: skip
+        op = ops[(source_op(info["op_name"]), kind, stage)]
+        op[0] += ms
+        op[1] += 1
     rows.sort(key=lambda r: -r["thunk_ms"])
+    by_op = [dict(op=o, kind=k, stage=st, thunk_ms=ms, instructions=n)
+             for (o, k, st), (ms, n) in ops.items()]  # fmt: skip
+    by_op.sort(key=lambda r: -r["thunk_ms"])
     return {
         "wall_ms_per_step": 1e3 * wall_s,
         "thunk_ms_per_step": sum(by_kind.values()),
@@ -192,6 +208,7 @@ def summarise(instrs: dict, timing: tuple, wall_s: float, top: int) -> dict:
         "by_stage": dict(by_stage.most_common()),
         "by_stage_and_kind": {st: dict(cross[st]) for st in by_stage},
         "top": rows[:top],
+        "by_op": by_op[:top],
         "unattributed": unattributed,
     }
 
@@ -236,6 +253,17 @@ def markdown(res: dict) -> str:
         f"{r['calls']:.0f} | `{r['shape']}` |"
         for r in res["top"]
     ]
+    if "by_op" in res:  # records from before it was kept
+        lines += [
+            "",
+            "The costliest source ops, every layer's and loop segment's instructions summed:",
+        ]
+        lines += ["", "| op | kind | stage | thunk-ms | instructions |", "| --- " * 5 + "|"]
+        lines += [
+            f"| `{r['op']}` | {r['kind']} | {r['stage']} | {r['thunk_ms']:.2f} | "
+            f"{r['instructions']} |"
+            for r in res["by_op"]
+        ]
     return "\n".join(lines) + "\n"
 
 

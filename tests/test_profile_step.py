@@ -193,3 +193,29 @@ def test_device_tracks_count_kernels_and_report_what_names_no_instruction(tmp_pa
                dtype="float32", command="c", steps=2,
                matmul_gflop_per_step={"matmul": 1.0})  # fmt: skip
     assert "not attributed to an instruction: 0.03 ms per step in 1 events" in P.markdown(res)
+
+
+def test_one_op_sums_over_its_layers_and_loop_segments():
+    """by_op: the same model op in every layer and in each decode segment's loop body is one
+    row (its instructions counted), kept apart by kind and stage, costliest first."""
+    values = "jit(fused)/rollout/while/body/eval_jaxpr/Transformer.decode/blocks_{}/bghts,bghsd->bgthd/dot_general"  # noqa: E501
+    assert P.source_op(values.format(11)) == (
+        "rollout/Transformer.decode/blocks_*/bghts,bghsd->bgthd/dot_general"
+    )
+    info = lambda op, body: dict(shape="f32[2]", opcode="fusion", op_name=op, body=body,
+                                 batched=False, target="")  # fmt: skip
+    instrs = {
+        "input_reduce_fusion.1": info(values.format(0), ["multiply", "reduce"]),
+        "input_reduce_fusion.2": info(values.format(1), ["multiply", "reduce"]),
+        "input_reduce_fusion.3": info(values.format(1).replace("eval_jaxpr/", ""), ["reduce"]),
+        "loop_add_fusion.4": info("jit(fused)/update/optimizer/add", ["add"]),
+    }
+    times = {"input_reduce_fusion.1": (2.0, 64), "input_reduce_fusion.2": (3.0, 64),
+             "input_reduce_fusion.3": (1.5, 32), "loop_add_fusion.4": (4.0, 1)}  # fmt: skip
+    res = P.summarise(instrs, (times, {"events_per_step": 0}), 1e-2, top=5)
+    assert res["by_op"] == [
+        dict(op=P.source_op(values.format(0)), kind="reduction", stage="rollout: decode loop",
+             thunk_ms=6.5, instructions=3),
+        dict(op="update/optimizer/add", kind="elementwise", stage="update: optimizer",
+             thunk_ms=4.0, instructions=1),
+    ]  # fmt: skip
