@@ -1,5 +1,6 @@
 """experiments/decode_ops.py at smoke size: every way of writing one decode step's attention
-gives the model's output, and a variant the device cannot run is recorded, not fatal."""
+gives the model's output (the Pallas kernel interpreted), and a variant the device cannot run
+is recorded, not fatal."""
 
 import json
 import subprocess
@@ -15,13 +16,40 @@ def test_every_decode_attention_variant_equals_the_models():
         cwd=ROOT, capture_output=True, text=True, timeout=300, check=True,
     )  # fmt: skip
     rec = json.loads(proc.stdout.strip().splitlines()[-1])
-    assert rec["shapes"] == dict(B=2, G=3, h=2, d=8, P=8, S=6, steps=6)
+    assert rec["shapes"] == dict(B=2, G=3, h=2, d=8, P=32, S=16, steps=12)
     variants = rec["variants"]
     assert set(variants) == {"model", "values_s_minor", "one_softmax", "one_softmax_s_minor",
-                             "dpa_xla", "dpa_cudnn"}  # fmt: skip
+                             "dpa_xla", "dpa_cudnn", "pallas"}  # fmt: skip
     assert variants["model"]["max_rel_deviation"] is None and variants["model"]["us_per_step"] > 0
     for name, res in variants.items():
         if name == "model" or (name == "dpa_cudnn" and "error" in res):  # no cuDNN on a CPU
             continue
         assert res["max_rel_deviation"] < 1e-5, (name, res)
         assert res["read_gb_per_s"] > 0
+
+
+def test_the_pallas_variant_lowers_to_triton_for_a_cuda_gpu():
+    """Without a GPU: the Pallas kernel at the large model's shapes (bfloat16) passes JAX's
+    Triton lowering rules (block shapes, the dynamic own-cache loop) into one Triton custom
+    call; only compiling it needs the GPU."""
+    import jax
+    import jax.numpy as jnp
+
+    sys.path.insert(0, str(ROOT / "experiments"))
+    import decode_ops
+
+    b, g, h, d, p, s = 16, 16, 12, 64, 256, 128
+    args = [jax.ShapeDtypeStruct(shape, jnp.bfloat16)
+            for shape in ((b, g, h, d), (b, h, p, d), (b, h, p, d))]  # fmt: skip
+    args += [jax.ShapeDtypeStruct((b, p), jnp.bool_)]
+    args += [jax.ShapeDtypeStruct((b, g, h, s, d), jnp.bfloat16)] * 2
+    args += [jax.ShapeDtypeStruct((), jnp.int32)]
+    call = jax.jit(lambda *a: decode_ops.pallas_attention(*a, block=32, interpret=False))
+    triton = "__gpu$xla.gpu.triton"
+    exported = jax.export.export(
+        call, platforms=["cuda"],
+        disabled_checks=[jax.export.DisabledSafetyCheck.custom_call(triton)],
+    )(*args)  # fmt: skip
+    text = exported.mlir_module()
+    assert text.count(f"stablehlo.custom_call @{triton}") == 1
+    assert "grid_x = 16" in text and "grid_y = 16" in text and "grid_z = 12" in text
