@@ -30,12 +30,13 @@ variant: µs per step (median of ``--runs`` calls), its largest deviation from `
 the least bytes a step reads (prompt keys and values, the whole static member cache) over
 that time. The last printed line is the JSON record.
 
-  python experiments/decode_ops.py                         # the large model's shapes, bf16
-  python experiments/decode_ops.py --smoke                 # tiny, float32, on a CPU
+  python experiments/decode_ops.py --out_dir=experiments/results   # the large model's, bf16
+  python experiments/decode_ops.py --smoke                          # tiny, float32, a CPU
 """
 
 import functools
 import json
+import re
 import statistics
 import sys
 import time
@@ -62,6 +63,7 @@ flags.DEFINE_integer("runs", 5, "Timed calls per variant (median).")
 flags.DEFINE_enum("dtype", "bfloat16", ["float32", "bfloat16"], "Compute dtype.")
 flags.DEFINE_integer("block", 32, "pallas: keys per chunk (divides the prompt and the cache).")
 flags.DEFINE_bool("smoke", False, "Tiny sizes in float32 (a CPU, seconds).")
+flags.DEFINE_string("out_dir", "", "Also write decode_ops_<device>.json and .md there.")
 
 VARIANTS = ("model", "values_s_minor", "one_softmax", "one_softmax_s_minor", "dpa_xla")
 VARIANTS += ("dpa_cudnn", "pallas")
@@ -278,12 +280,45 @@ def main(argv):
         "device": f"{dev.device_kind} ({dev.platform})",
         "jax": jax.__version__,
         "dtype": FLAGS.dtype,
+        "command": " ".join(["python experiments/decode_ops.py", *sys.argv[1:]]),
         "shapes": dict(B=b, G=g, h=h, d=d, P=FLAGS.prompt_len, S=FLAGS.cache, steps=FLAGS.steps),
         "step_bytes": step_bytes,
         "pallas_interpreted": jax.default_backend() == "cpu",
         "variants": results,
     }
+    if FLAGS.out_dir:
+        stem = Path(FLAGS.out_dir) / f"decode_ops_{slug(dev.device_kind)}"
+        stem.parent.mkdir(parents=True, exist_ok=True)
+        stem.with_suffix(".json").write_text(json.dumps(record, indent=1) + "\n")
+        stem.with_suffix(".md").write_text(markdown(record))
     print(json.dumps(record))
+
+
+def markdown(rec: dict) -> str:
+    """The record as a table, fastest first."""
+    shapes = ", ".join(f"{k} = {v}" for k, v in rec["shapes"].items())
+    lines = [
+        f"# One decode step's attention, per form ({rec['device']})",
+        "",
+        f"jax {rec['jax']}, {rec['dtype']}; {shapes}; `{rec['command']}`"
+        + (" (the Pallas kernel interpreted)" if rec["pallas_interpreted"] else ""),
+        "",
+        "| form | µs / step | cache read GB/s | max deviation from `model` | compile s |",
+        "| --- | --- | --- | --- | --- |",
+    ]
+    timed = lambda item: item[1].get("us_per_step", float("inf"))
+    for name, r in sorted(rec["variants"].items(), key=timed):
+        if "error" in r:
+            lines.append(f"| {name} | failed: {r['error']} | | | |")
+            continue
+        dev = "–" if r["max_rel_deviation"] is None else f"{r['max_rel_deviation']:.1e}"
+        lines.append(f"| {name} | {r['us_per_step']:.1f} | {r['read_gb_per_s']:.0f} | {dev} | "
+                     f"{r['compile_s']:.1f} |")  # fmt: skip
+    return "\n".join(lines) + "\n"
+
+
+def slug(device_kind: str) -> str:
+    return re.sub(r"[^a-z0-9]+", "-", device_kind.lower()).strip("-") or "unknown"
 
 
 if __name__ == "__main__":

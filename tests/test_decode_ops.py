@@ -10,9 +10,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def test_every_decode_attention_variant_equals_the_models():
+def test_every_decode_attention_variant_equals_the_models(tmp_path):
     proc = subprocess.run(
-        [sys.executable, "experiments/decode_ops.py", "--smoke"],
+        [sys.executable, "experiments/decode_ops.py", "--smoke", f"--out_dir={tmp_path}"],
         cwd=ROOT, capture_output=True, text=True, timeout=300, check=True,
     )  # fmt: skip
     rec = json.loads(proc.stdout.strip().splitlines()[-1])
@@ -26,6 +26,10 @@ def test_every_decode_attention_variant_equals_the_models():
             continue
         assert res["max_rel_deviation"] < 1e-5, (name, res)
         assert res["read_gb_per_s"] > 0
+    assert json.loads((tmp_path / "decode_ops_cpu.json").read_text()) == rec
+    md = (tmp_path / "decode_ops_cpu.md").read_text()
+    assert "(the Pallas kernel interpreted)" in md
+    assert all(f"| {name} |" in md for name in variants)
 
 
 def test_the_pallas_variant_lowers_to_triton_for_a_cuda_gpu():
