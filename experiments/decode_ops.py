@@ -45,8 +45,6 @@ from pathlib import Path
 import jax
 import jax.numpy as jnp
 from absl import app, flags
-from jax.experimental import pallas as pl
-from jax.experimental.pallas import triton as pl_triton
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from grpo_jax.model import _NEG_INF, _attention
@@ -62,6 +60,7 @@ flags.DEFINE_integer("steps", 64, "Decode steps per timed call (<= --cache).")
 flags.DEFINE_integer("runs", 5, "Timed calls per variant (median).")
 flags.DEFINE_enum("dtype", "bfloat16", ["float32", "bfloat16"], "Compute dtype.")
 flags.DEFINE_integer("block", 32, "pallas: keys per chunk (divides the prompt and the cache).")
+flags.DEFINE_integer("warps", 4, "pallas: warps per program (Triton's num_warps).")
 flags.DEFINE_bool("smoke", False, "Tiny sizes in float32 (a CPU, seconds).")
 flags.DEFINE_string("out_dir", "", "Also write decode_ops_<device>.json and .md there.")
 
@@ -111,6 +110,8 @@ def joint(q, pk, pv, pmask, ck, cv, mask, implementation: str):
 def _pallas_kernel(idx_ref, q_ref, pk_ref, pv_ref, pbias_ref, ck_ref, cv_ref, o_ref, *, block):
     """One member's query against its prompt's keys, then its own written slots (<= index,
     so the loop reads only those chunks), ``block`` keys at a time with an online softmax."""
+    from jax.experimental import pallas as pl
+
     q = q_ref[...].astype(jnp.float32) * (q_ref.shape[-1] ** -0.5)
 
     def attend(k_ref, v_ref, start, bias, carry):
@@ -139,10 +140,14 @@ def _pallas_kernel(idx_ref, q_ref, pk_ref, pv_ref, pbias_ref, ck_ref, cv_ref, o_
     o_ref[...] = (acc / total).astype(o_ref.dtype)
 
 
-def pallas_attention(q, pk, pv, pmask, ck, cv, index, block: int, interpret=None):
+def pallas_attention(q, pk, pv, pmask, ck, cv, index, block: int, warps=4, interpret=None):
     """The decode step's attention as one Pallas (Triton) kernel, a program per (prompt,
     member, head); interpreted where ``interpret`` (by default: on a CPU). Shapes as
-    one_query's; index: the last written slot."""
+    one_query's; index: the last written slot. Pallas is imported here: an API that moved
+    between jax versions fails this variant's record, not the script."""
+    from jax.experimental import pallas as pl
+    from jax.experimental.pallas import triton as pl_triton
+
     b, g, h, d = q.shape
     p, s = pk.shape[2], ck.shape[3]
     if p % block or s % block:
@@ -163,7 +168,7 @@ def pallas_attention(q, pk, pv, pmask, ck, cv, index, block: int, interpret=None
             pl.BlockSpec((None, None, None, s, d), lambda bi, gi, hi: (bi, gi, hi, 0, 0)),
         ],
         out_specs=pl.BlockSpec((None, None, None, d), member),
-        compiler_params=pl_triton.CompilerParams(num_warps=4, num_stages=2),
+        compiler_params=pl_triton.CompilerParams(num_warps=warps, num_stages=2),
         interpret=jax.default_backend() == "cpu" if interpret is None else interpret,
     )
     pbias = jnp.where(pmask, 0.0, _NEG_INF).astype(jnp.float32)
@@ -185,7 +190,8 @@ def step_fn(variant: str):
             out = _attention(q[:, :, None], pk, pv, pmask, ck, cv, mask[None, :], q.dtype)
             return out[:, :, 0], ck, cv
         if variant == "pallas":
-            return pallas_attention(q, pk, pv, pmask, ck, cv, i, FLAGS.block), ck, cv
+            out = pallas_attention(q, pk, pv, pmask, ck, cv, i, FLAGS.block, FLAGS.warps)
+            return out, ck, cv
         if variant.startswith("dpa_"):
             return joint(q, pk, pv, pmask, ck, cv, mask, variant[4:]), ck, cv
         return one_query(q, pk, pv, pmask, ck, cv, mask, s_minor, "one_softmax" in variant), ck, cv
@@ -282,6 +288,7 @@ def main(argv):
         "dtype": FLAGS.dtype,
         "command": " ".join(["python experiments/decode_ops.py", *sys.argv[1:]]),
         "shapes": dict(B=b, G=g, h=h, d=d, P=FLAGS.prompt_len, S=FLAGS.cache, steps=FLAGS.steps),
+        "pallas": dict(block=FLAGS.block, warps=FLAGS.warps),
         "step_bytes": step_bytes,
         "pallas_interpreted": jax.default_backend() == "cpu",
         "variants": results,
