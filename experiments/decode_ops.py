@@ -18,11 +18,12 @@ prompt's keys and the member's own, one query per member:
 - ``dpa_xla`` / ``dpa_cudnn``: ``jax.nn.dot_product_attention`` per member over its
   [prompt ; own] keys, the prompt's copied to every member at every step (cuDNN takes one key
   set per query batch). A variant the device cannot run is recorded with its error.
-- ``pallas``: one Pallas kernel (Triton backend) per decode step and layer, a program per
-  (prompt, member, head): the prompt's keys, then only the member's written slots, ``--block``
-  keys at a time under an online softmax, everything in registers. It reads the own cache up
-  to the step's slot, where the forms above read all S slots every step. On a CPU it runs
-  interpreted (``pallas_interpreted``; its time there means nothing).
+- ``pallas``: grpo_jax/decode_kernel.py (``model.decode_kernel=pallas``), one Pallas kernel
+  (Triton backend) per decode step and layer, a program per (prompt, member, head): the
+  prompt's keys, then only the member's written slots, ``--block`` keys at a time under an
+  online softmax. It reads the own cache up to the step's slot, where the forms above read
+  all S slots every step. On a CPU it runs interpreted (``pallas_interpreted``; its time
+  there means nothing).
 
 Each runs ``--steps`` decode steps in one jitted ``fori_loop`` (the cache donated): step i
 writes its key and value at slot i and attends to slots <= i, as the decode loop does. Per
@@ -34,7 +35,6 @@ that time. The last printed line is the JSON record.
   python experiments/decode_ops.py --smoke                          # tiny, float32, a CPU
 """
 
-import functools
 import json
 import re
 import statistics
@@ -47,6 +47,7 @@ import jax.numpy as jnp
 from absl import app, flags
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from grpo_jax import decode_kernel
 from grpo_jax.model import _NEG_INF, _attention
 
 FLAGS = flags.FLAGS
@@ -107,74 +108,6 @@ def joint(q, pk, pv, pmask, ck, cv, mask, implementation: str):
     return out.reshape(b, g, h, d)
 
 
-def _pallas_kernel(idx_ref, q_ref, pk_ref, pv_ref, pbias_ref, ck_ref, cv_ref, o_ref, *, block):
-    """One member's query against its prompt's keys, then its own written slots (<= index,
-    so the loop reads only those chunks), ``block`` keys at a time with an online softmax."""
-    from jax.experimental import pallas as pl
-
-    q = q_ref[...].astype(jnp.float32) * (q_ref.shape[-1] ** -0.5)
-
-    def attend(k_ref, v_ref, start, bias, carry):
-        m, total, acc = carry
-        k = k_ref[pl.ds(start, block), :].astype(jnp.float32)
-        s = jnp.sum(k * q[None, :], axis=1) + bias
-        m_new = jnp.maximum(m, jnp.max(s))
-        # a chunk of padding before any real key adds exp(0)s that the first real key's
-        # larger max then scales to zero (bias is finite: no inf - inf)
-        e, rescale = jnp.exp(s - m_new), jnp.exp(m - m_new)
-        v = v_ref[pl.ds(start, block), :].astype(jnp.float32)
-        return m_new, total * rescale + jnp.sum(e), acc * rescale + jnp.sum(e[:, None] * v, 0)
-
-    def prompt(i, carry):
-        return attend(pk_ref, pv_ref, i * block, pbias_ref[pl.ds(i * block, block)], carry)
-
-    index = idx_ref[0]
-
-    def own(i, carry):
-        slot = i * block + jax.lax.broadcasted_iota(jnp.int32, (block,), 0)
-        return attend(ck_ref, cv_ref, i * block, jnp.where(slot <= index, 0.0, _NEG_INF), carry)
-
-    carry = (jnp.float32(_NEG_INF), jnp.float32(0.0), jnp.zeros(q.shape, jnp.float32))
-    carry = jax.lax.fori_loop(0, pk_ref.shape[0] // block, prompt, carry)
-    _, total, acc = jax.lax.fori_loop(0, index // block + 1, own, carry)
-    o_ref[...] = (acc / total).astype(o_ref.dtype)
-
-
-def pallas_attention(q, pk, pv, pmask, ck, cv, index, block: int, warps=4, interpret=None):
-    """The decode step's attention as one Pallas (Triton) kernel, a program per (prompt,
-    member, head); interpreted where ``interpret`` (by default: on a CPU). Shapes as
-    one_query's; index: the last written slot. Pallas is imported here: an API that moved
-    between jax versions fails this variant's record, not the script."""
-    from jax.experimental import pallas as pl
-    from jax.experimental.pallas import triton as pl_triton
-
-    b, g, h, d = q.shape
-    p, s = pk.shape[2], ck.shape[3]
-    if p % block or s % block:
-        raise ValueError(f"--block={block} must divide the prompt ({p}) and the cache ({s})")
-    member = lambda bi, gi, hi: (bi, gi, hi, 0)
-    prompt = lambda bi, gi, hi: (bi, hi, 0, 0)
-    call = pl.pallas_call(
-        functools.partial(_pallas_kernel, block=block),
-        out_shape=jax.ShapeDtypeStruct(q.shape, q.dtype),
-        grid=(b, g, h),
-        in_specs=[
-            pl.BlockSpec((1,), lambda bi, gi, hi: (0,)),
-            pl.BlockSpec((None, None, None, d), member),
-            pl.BlockSpec((None, None, p, d), prompt),
-            pl.BlockSpec((None, None, p, d), prompt),
-            pl.BlockSpec((None, p), lambda bi, gi, hi: (bi, 0)),
-            pl.BlockSpec((None, None, None, s, d), lambda bi, gi, hi: (bi, gi, hi, 0, 0)),
-            pl.BlockSpec((None, None, None, s, d), lambda bi, gi, hi: (bi, gi, hi, 0, 0)),
-        ],
-        out_specs=pl.BlockSpec((None, None, None, d), member),
-        compiler_params=pl_triton.CompilerParams(num_warps=warps, num_stages=2),
-        interpret=jax.default_backend() == "cpu" if interpret is None else interpret,
-    )
-    pbias = jnp.where(pmask, 0.0, _NEG_INF).astype(jnp.float32)
-    return call(jnp.reshape(index, (1,)).astype(jnp.int32), q, pk, pv, pbias, ck, cv)
-
-
 def step_fn(variant: str):
     """(q, k_new, v_new, pk, pv, pmask, ck, cv, i) -> (out [B, G, h, d], ck, cv)."""
     s_minor = variant in S_MINOR
@@ -190,7 +123,7 @@ def step_fn(variant: str):
             out = _attention(q[:, :, None], pk, pv, pmask, ck, cv, mask[None, :], q.dtype)
             return out[:, :, 0], ck, cv
         if variant == "pallas":
-            out = pallas_attention(q, pk, pv, pmask, ck, cv, i, FLAGS.block, FLAGS.warps)
+            out = decode_kernel.attention(q, pk, pv, pmask, ck, cv, i, FLAGS.block, FLAGS.warps)
             return out, ck, cv
         if variant.startswith("dpa_"):
             return joint(q, pk, pv, pmask, ck, cv, mask, variant[4:]), ck, cv

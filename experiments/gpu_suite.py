@@ -44,6 +44,9 @@ the cache key). ``--jobs=1`` runs them one at a time.
   (gpu_suite_parts.rollout_floor).
 - ``attention`` (on request): the large model at 16 prompts with ``model.attention=cudnn``
   (cuDNN's fused attention in the full-sequence passes), to set beside ``large``'s.
+- ``pallas`` (on request, not in --smoke: a CPU has no Triton): the large model at 16 prompts
+  with ``model.decode_kernel=pallas`` (grpo_jax/decode_kernel.py: the decode steps' attention
+  as one Pallas kernel per layer), to set beside ``large``'s rollout.
 - ``profile`` (on request): ``experiments/profile_step.py`` in bfloat16 on the step above and
   on the large model: a jax.profiler trace, busy time by stage (rollout's decode loop,
   reference, update's forward / backward) and by kind of work (dense and batched matmuls,
@@ -120,9 +123,10 @@ from gpu_suite_plan import MEMORY_SHARE, plan, schedule  # noqa: E402
 from versus_trl import git_state  # noqa: E402
 
 FLAGS = flags.FLAGS
-PARTS = ("step", "trl", "exhaustive", "large", "attention", "profile")
+PARTS = ("step", "trl", "exhaustive", "large", "attention", "pallas", "profile")
 ON_REQUEST = (
     "attention",
+    "pallas",
     "profile",
 )  # explain a measurement rather than make one of the issue's
 DEFAULT_PARTS = tuple(p for p in PARTS if p not in ON_REQUEST)  # issue 15's measurements

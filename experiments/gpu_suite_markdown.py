@@ -65,6 +65,10 @@ def markdown(raw: dict) -> str:
         lines += ["", "## Larger model, `model.attention` as its command sets it (GPU: cudnn)"]
         for batch, large in res["attention"].items():
             lines += large_section(large, batch)
+    if res.get("pallas"):
+        lines += ["", "## Larger model, the decode steps' attention as one Pallas kernel per layer"]
+        for batch, large in res["pallas"].items():
+            lines += large_section(large, batch)
     for name, prof in (res.get("profile") or {}).items():
         lines += profile_section(prof, name)
     lines += ["", "## Commands", ""]

@@ -214,7 +214,7 @@ def jobs_of(p: dict, parts, trl_python: str) -> list:
     if "exhaustive" in parts:
         jobs += exhaustive_jobs(p["exhaustive"])
     for part in LARGE_PARTS:
-        if part in parts:
+        if part in parts and part in p:  # the smoke plan has no pallas part
             jobs += large_jobs(p[part], part)
     if "profile" in parts:
         jobs += profile_jobs(p["profile"])

@@ -37,7 +37,7 @@ LARGE = {
 # a pass over 85 M parameters for 256 rows; 32 doubles the rows each pass serves (its memory,
 # about twice 16's by the CPU plans above, is unmeasured on a GPU)
 LARGE_BATCHES = (16, 32)
-LARGE_PARTS = ("large", "attention")  # benchmark.py on it, keyed by prompts per step
+LARGE_PARTS = ("large", "attention", "pallas")  # benchmark.py on it, keyed by prompts per step
 
 
 # What each child took on one H100 (experiments/results/gpu_h100_2026-11-26: wall seconds
@@ -63,7 +63,7 @@ H100_EXPECT = {
     "profile large": (78, 24.7e9),  # alone (call 2); the bytes are large 16's (the same step)
 }
 # unmeasured: the same model's figures
-H100_EXPECT["attention 16"] = H100_EXPECT["large 16"]
+H100_EXPECT["attention 16"] = H100_EXPECT["pallas 16"] = H100_EXPECT["large 16"]
 # the share of a process's memory limit (XLA_PYTHON_CLIENT_MEM_FRACTION of the device) that
 # the children running at once may expect to peak at together: the peaks are the allocators'
 # bytes in use, each process also holds its CUDA context, cuDNN workspaces and fragmentation
@@ -119,6 +119,10 @@ def plan(smoke: bool) -> dict:
     setting = {"model.attention": "xla" if smoke else "cudnn"}
     p["attention"] = {**large, "overrides": {**large["overrides"], **setting}}
     p["attention"]["batches"] = large["batches"][:1]
+    if not smoke:  # and the decode steps' attention as one Pallas (Triton) kernel per layer
+        setting = {"model.decode_kernel": "pallas"}
+        p["pallas"] = {**large, "overrides": {**large["overrides"], **setting}}
+        p["pallas"]["batches"] = large["batches"][:1]
     return p
 
 

@@ -95,6 +95,9 @@ def attention_fields(m):
     # shared_prefix (any device; the prompt's keys once per group) | cudnn (jax's fused flash
     # kernel on a CUDA GPU, bfloat16/float16) | xla (the cudnn path's math, any device)
     m.attention = "shared_prefix"
+    # attention of the decode steps: xla (XLA's ops, any device) | pallas (one Triton kernel
+    # per layer that reads only the written cache slots; a CUDA GPU, head dim a power of two)
+    m.decode_kernel = "xla"
 
 
 def cheap_group_fields(g, max_candidates=64, num_classes=32):

@@ -22,7 +22,9 @@ much padding it got. Fixed-length prompts (mask all ones) take exactly the unmas
 ``attention`` (``model.attention``) picks how the full-sequence passes (prefill, extend and
 their backward) compute this softmax: ``shared_prefix`` as above, or one
 ``jax.nn.dot_product_attention`` call per member over its concatenated keys (``cudnn``: the
-fused flash kernel on a CUDA GPU; ``xla``: the same call through XLA). Decode always shares.
+fused flash kernel on a CUDA GPU; ``xla``: the same call through XLA). Decode always shares;
+``decode_kernel`` (``model.decode_kernel``) runs its attention as XLA's ops (``xla``) or as one
+Pallas kernel per layer (``pallas``: decode_kernel.py, a CUDA GPU).
 
 Params are float32; activations use ``dtype`` (float32 or bfloat16); logits come out float32.
 """
@@ -32,6 +34,8 @@ from typing import Any, NamedTuple
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+
+from grpo_jax.decode_kernel import attention as pallas_attention
 
 _NEG_INF = -1e30  # large-but-finite so fully masked rows never make NaNs
 
@@ -95,6 +99,7 @@ def _attention(q, pk, pv, pmask, sk, sv, self_mask, dtype):
 
 
 ATTENTION = ("shared_prefix", "xla", "cudnn")  # model.attention's choices
+DECODE_KERNELS = ("xla", "pallas")  # model.decode_kernel's: XLA's ops or decode_kernel.py
 
 
 def _joint_attention(q, k, v, prefix, self_mask, implementation):
@@ -141,6 +146,7 @@ class Block(nn.Module):
     dropout: float
     dtype: Any
     attention: str = "shared_prefix"
+    decode_kernel: str = "xla"
 
     @nn.compact
     def __call__(self, x, prefix, cache, index, deterministic, key_mask=None):
@@ -174,7 +180,10 @@ class Block(nn.Module):
             sk = jax.lax.dynamic_update_slice_in_dim(cache[0], k.astype(cache[0].dtype), index, 3)
             sv = jax.lax.dynamic_update_slice_in_dim(cache[1], v.astype(cache[1].dtype), index, 3)
             mask = (jnp.arange(sk.shape[3]) <= index)[None, :]
-        if cache is None and self.attention != "shared_prefix":
+        if cache is not None and self.decode_kernel == "pallas":
+            pk, pv, pm = prefix
+            att = pallas_attention(q[:, :, 0], pk, pv, pm, sk, sv, index)[:, :, None]
+        elif cache is None and self.attention != "shared_prefix":
             # decode keeps the shared-prefix path: one query per member would copy the
             # prompt's keys per member at every step, multiplying decode's memory traffic
             own_k, own_v = qkv[..., 1, :, :], qkv[..., 2, :, :]  # [B, G, T, h, d], as q
@@ -203,6 +212,7 @@ class Transformer(nn.Module):
     dropout: float = 0.0
     dtype: Any = jnp.float32
     attention: str = "shared_prefix"  # one of ATTENTION: the full-sequence passes' attention
+    decode_kernel: str = "xla"  # one of DECODE_KERNELS: the decode step's attention
 
     def setup(self):
         if self.d_model % self.num_heads:
@@ -227,6 +237,7 @@ class Transformer(nn.Module):
                 self.dropout,
                 self.dtype,
                 self.attention,
+                self.decode_kernel,
             )
             for _ in range(self.num_layers)
         ]
@@ -323,6 +334,7 @@ def make_model(model_cfg, vocab_size: int, max_len: int) -> Transformer:
         dropout=model_cfg.dropout,
         dtype=DTYPES[model_cfg.dtype],
         attention=model_cfg.attention,
+        decode_kernel=model_cfg.decode_kernel,
     )
 
 

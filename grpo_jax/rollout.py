@@ -16,6 +16,7 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
+from grpo_jax.decode_kernel import BLOCK
 from grpo_jax.model import Prefix, Transformer, empty_cache
 from grpo_jax.objective import entropy_from_logits
 
@@ -119,17 +120,17 @@ class Stop(NamedTuple):
 SEGMENT_MIN_STEPS = 32  # decode loops this long grow their cache in segments
 
 
-def cache_segments(steps: int) -> tuple[int, ...]:
+def cache_segments(steps: int, align: int = 1) -> tuple[int, ...]:
     """The member cache's lengths along a decode of ``steps`` tokens: steps [0, e1) attend to
     a cache of e1 slots, [e1, e2) to e2, ... up to ``steps``. A step attends over its whole
     static cache, the slots not yet written masked out, so one cache of ``steps`` slots reads
     and scores twice the slots a decode needs on average; quarter, half and full lengths cut
     that to 69 % (the self-attention of the TRL-comparable step's 69 decode steps: -6 % of its
     rollout; the plain exhaustive step's: -15 %) for three compiled copies of the step, so
-    only loops of at least SEGMENT_MIN_STEPS steps are split."""
-    if steps < SEGMENT_MIN_STEPS:
-        return (max(steps, 1),)
-    return (steps // 4, steps // 2, steps)
+    only loops of at least SEGMENT_MIN_STEPS steps are split. Each length is rounded up to a
+    multiple of ``align`` (decode_kernel.py reads the cache in chunks of that many slots)."""
+    ends = (max(steps, 1),) if steps < SEGMENT_MIN_STEPS else (steps // 4, steps // 2, steps)
+    return tuple(dict.fromkeys(-(-e // align) * align for e in ends))
 
 
 def decode_members(model: Transformer, params, prefix: Prefix, first_tokens, u, sp, stop=None):
@@ -142,7 +143,7 @@ def decode_members(model: Transformer, params, prefix: Prefix, first_tokens, u, 
     member cache grows in segments (cache_segments), one ``lax.scan`` each.
     """
     b, k, h = u.shape
-    ends = cache_segments(h - 1)
+    ends = cache_segments(h - 1, BLOCK if model.decode_kernel == "pallas" else 1)
     cache = empty_cache(model, b, k, ends[0])
     eos = stop.eos_id if stop is not None else None
     done0 = first_tokens == eos if eos is not None else jnp.zeros((b, k), bool)

@@ -48,6 +48,7 @@ MUTABLE = (
     "cpu_buffers",
     "data.path",  # the file may move; its content is the checkpoint's data digest's business
     "model.attention",  # how attention runs (same softmax); absent from older records
+    "model.decode_kernel",  # how the decode steps' attention runs (same softmax)
     "model.decode_attention",  # removed (2026-11-27); records that hold it still resume
 )
 

@@ -17,7 +17,7 @@ import jax
 import jax.extend
 
 from grpo_jax import objective
-from grpo_jax.model import ATTENTION
+from grpo_jax.model import ATTENTION, DECODE_KERNELS
 from grpo_jax.rollout import SamplingParams
 
 GROUP_MODES = ("sampled", "exhaustive", "guided", "adaptive", "pruned", "hierarchical")
@@ -326,6 +326,7 @@ class ModelSpec:
     dropout: float
     dtype: str
     attention: str = "shared_prefix"
+    decode_kernel: str = "xla"
 
     @classmethod
     def from_config(cls, m) -> ModelSpec:
@@ -339,6 +340,9 @@ class ModelSpec:
                 "model.dtype", m.get("dtype", "float32"), ("float32", "bfloat16", "float16")
             ),
             attention=choice("model.attention", m.get("attention", "shared_prefix"), ATTENTION),
+            decode_kernel=choice(
+                "model.decode_kernel", m.get("decode_kernel", "xla"), DECODE_KERNELS
+            ),
         )
         require(
             spec.d_model % spec.num_heads == 0,
@@ -348,6 +352,8 @@ class ModelSpec:
         )
         if spec.attention == "cudnn":
             spec.check_cudnn()
+        if spec.decode_kernel == "pallas":
+            spec.check_pallas()
         return spec
 
     def check_cudnn(self) -> None:
@@ -362,6 +368,17 @@ class ModelSpec:
         ):  # fmt: skip
             fix = "else use model.attention='shared_prefix' (any device) or 'xla'"
             require(ok, "model.attention", "cudnn", f"needs {need}; {fix}")
+
+    def check_pallas(self) -> None:
+        """decode_kernel.py is a Triton kernel: a CUDA GPU (elsewhere it would run through
+        JAX's interpreter, hundreds of times slower) and a power-of-two head dimension."""
+        runtime, hd = gpu_runtime(), self.d_model // self.num_heads
+        for ok, need in (
+            ("cuda" in runtime, f"a CUDA GPU, not {runtime}"),
+            (hd & (hd - 1) == 0, f"a head dimension (model.d_model / model.num_heads = {hd}) "
+             "that is a power of two"),
+        ):  # fmt: skip
+            require(ok, "model.decode_kernel", "pallas", f"needs {need}; else use 'xla'")
 
 
 def gpu_runtime() -> str:

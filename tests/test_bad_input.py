@@ -148,6 +148,11 @@ CASES = {
         [*SHAKESPEARE, "--config.model.attention=cudnn", "--config.model.dtype=bfloat16"],
         ["model.attention='cudnn' needs a CUDA GPU, not cpu", "'shared_prefix'"],
     ),
+    "decode_kernel_unknown": ([*SHAKESPEARE, "--config.model.decode_kernel=cuda"], ["pallas"]),
+    "decode_kernel_pallas_on_cpu": (
+        [*SHAKESPEARE, "--config.model.decode_kernel=pallas"],
+        ["model.decode_kernel='pallas' needs a CUDA GPU, not cpu", "'xla'"],
+    ),
     "eval_batch_size_0": ([*SHAKESPEARE, "--config.eval.batch_size=0"], ["eval.batch_size=0"]),
     "shakespeare_top_k_over_vocab": (
         [*SHAKESPEARE, "--config.group.top_k=1000"],

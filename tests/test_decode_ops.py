@@ -32,15 +32,14 @@ def test_every_decode_attention_variant_equals_the_models(tmp_path):
     assert all(f"| {name} |" in md for name in variants)
 
 
-def test_the_pallas_variant_lowers_to_triton_for_a_cuda_gpu():
-    """Without a GPU: the Pallas kernel at the large model's shapes (bfloat16) passes JAX's
-    Triton lowering rules (block shapes, the dynamic own-cache loop) into one Triton custom
-    call; only compiling it needs the GPU."""
+def test_the_pallas_kernel_lowers_to_triton_for_a_cuda_gpu():
+    """Without a GPU: grpo_jax/decode_kernel.py at the large model's shapes (bfloat16) passes
+    JAX's Triton lowering rules (block shapes, the dynamic own-cache loop) into one Triton
+    custom call; only compiling it needs the GPU."""
     import jax
     import jax.numpy as jnp
 
-    sys.path.insert(0, str(ROOT / "experiments"))
-    import decode_ops
+    from grpo_jax import decode_kernel
 
     b, g, h, d, p, s = 16, 16, 12, 64, 256, 128
     args = [jax.ShapeDtypeStruct(shape, jnp.bfloat16)
@@ -48,7 +47,7 @@ def test_the_pallas_variant_lowers_to_triton_for_a_cuda_gpu():
     args += [jax.ShapeDtypeStruct((b, p), jnp.bool_)]
     args += [jax.ShapeDtypeStruct((b, g, h, s, d), jnp.bfloat16)] * 2
     args += [jax.ShapeDtypeStruct((), jnp.int32)]
-    call = jax.jit(lambda *a: decode_ops.pallas_attention(*a, block=32, interpret=False))
+    call = jax.jit(lambda *a: decode_kernel.attention(*a, interpret=False))
     triton = "__gpu$xla.gpu.triton"
     exported = jax.export.export(
         call, platforms=["cuda"],

@@ -223,6 +223,36 @@ def test_a_long_decode_grows_its_cache_in_segments_with_the_same_samples(monkeyp
     np.testing.assert_allclose(one_cache[1], logp, atol=1e-6)
 
 
+def test_the_pallas_decode_kernel_samples_what_xla_decodes():
+    """model.decode_kernel="pallas" (decode_kernel.py, interpreted on a CPU) in a 39-step
+    decode of left-padded prompts: the cache grows in segments aligned to the kernel's
+    chunks (9, 19, 39 -> 32, 64 slots), the prompt (5 slots) is padded to one chunk, and the
+    samples and log-probs are XLA's decode's."""
+    h = 40
+    kw = dict(vocab_size=V, num_layers=2, num_heads=2, d_model=16, max_len=C + h)
+    m = Transformer(**kw)
+    p = init_params(m, jax.random.PRNGKey(0))
+    assert ro.cache_segments(h - 1, 32) == (32, 64)
+    sp = ro.SamplingParams(temperature=0.8)
+    prompts = TokenPrompts(
+        jax.random.randint(jax.random.PRNGKey(3), (B, C), 0, V),
+        jnp.array([[0.0, 0.0, 1.0, 1.0, 1.0], [1.0] * C]),  # the first prompt left-padded
+        {},
+    )
+    u = jax.random.uniform(jax.random.PRNGKey(4), (B, G, h))
+
+    def run(model):
+        pol = transformer_policy(model, sp, h, None)
+        first_logits, state = pol.prefill(p, prompts)
+        return rollout(pol, p, prompts, first_logits, state, jnp.zeros((B, G), jnp.int32), u, sp)
+
+    want = jax.jit(lambda: run(m))()
+    got = jax.jit(lambda: run(m.clone(decode_kernel="pallas")))()
+    np.testing.assert_array_equal(got[0], want[0])
+    np.testing.assert_allclose(got[1], want[1], atol=1e-5)
+    np.testing.assert_allclose(got[2], want[2], atol=1e-5)
+
+
 def test_sampled_first_actions_follow_policy(model_params):
     m, p = model_params
     ctx = jax.random.randint(jax.random.PRNGKey(5), (1, C), 0, V)
@@ -352,3 +382,23 @@ def test_cudnn_attention_is_checked_up_front(monkeypatch):
         specs.ModelSpec.from_config(
             ConfigDict({**base, "dtype": "float16", "d_model": 120, "num_heads": 10})
         )
+
+
+def test_the_pallas_decode_kernel_is_checked_up_front(monkeypatch):
+    """model.decode_kernel="pallas" wants a CUDA GPU and a power-of-two head dimension:
+    config errors naming the fix ('xla')."""
+    from ml_collections import ConfigDict
+
+    from grpo_jax import specs
+
+    base = dict(num_layers=1, num_heads=4, d_model=128, mlp_ratio=4, decode_kernel="pallas")
+    monkeypatch.setattr(specs.jax, "default_backend", lambda: "gpu")
+    rocm = types.SimpleNamespace(platform_version="rocm 60300")
+    monkeypatch.setattr(specs.jax.extend.backend, "get_backend", lambda: rocm)
+    with pytest.raises(ValueError, match="needs a CUDA GPU, not rocm 60300; else use 'xla'"):
+        specs.ModelSpec.from_config(ConfigDict(base))
+    cuda = types.SimpleNamespace(platform_version="cuda 12080")
+    monkeypatch.setattr(specs.jax.extend.backend, "get_backend", lambda: cuda)
+    assert specs.ModelSpec.from_config(ConfigDict(base)).decode_kernel == "pallas"
+    with pytest.raises(ValueError, match=r"model.num_heads = 24\) that is a power of two"):
+        specs.ModelSpec.from_config(ConfigDict({**base, "d_model": 96}))
