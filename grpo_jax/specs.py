@@ -350,35 +350,29 @@ class ModelSpec:
             spec.d_model,
             f"must be divisible by model.num_heads={spec.num_heads}",
         )
-        if spec.attention == "cudnn":
-            spec.check_cudnn()
-        if spec.decode_kernel == "pallas":
-            spec.check_pallas()
+        if spec.attention == "cudnn":  # jax's cuDNN flash attention (its own check names the
+            # head dimension's upper bound: 128 before Hopper, 256 after)
+            fix = "else use model.attention='shared_prefix' (any device) or 'xla'"
+            multiple_of_8 = (lambda hd: hd % 8 == 0, "a multiple of 8")
+            spec.check_gpu_kernel("model.attention", "cudnn", multiple_of_8, fix, half=True)
+        if spec.decode_kernel == "pallas":  # decode_kernel.py, a Triton kernel (elsewhere it
+            # would run through JAX's interpreter, hundreds of times slower)
+            power_of_2 = (lambda hd: hd & (hd - 1) == 0, "a power of two")
+            spec.check_gpu_kernel("model.decode_kernel", "pallas", power_of_2, "else use 'xla'")
         return spec
 
-    def check_cudnn(self) -> None:
-        """jax's cuDNN flash attention takes a CUDA GPU, half precision and a head dimension
-        that is a multiple of 8 (at most 128 before Hopper, 256 after: jax names that one)."""
+    def check_gpu_kernel(self, setting: str, value: str, head: tuple, fix: str, half=False):
+        """``setting=value`` chose a GPU kernel: its requirements as config errors, one line
+        each naming ``fix``: a CUDA GPU, half precision where ``half``, and a head dimension
+        passing ``head`` = (test, its words)."""
         runtime, hd = gpu_runtime(), self.d_model // self.num_heads
-        for ok, need in (
-            ("cuda" in runtime, f"a CUDA GPU, not {runtime}"),
-            (self.dtype in HALF, f"model.dtype bfloat16 or float16, not {self.dtype}"),
-            (hd % 8 == 0, f"a head dimension (model.d_model / model.num_heads = {hd}) that is "
-             "a multiple of 8"),
-        ):  # fmt: skip
-            fix = "else use model.attention='shared_prefix' (any device) or 'xla'"
-            require(ok, "model.attention", "cudnn", f"needs {need}; {fix}")
-
-    def check_pallas(self) -> None:
-        """decode_kernel.py is a Triton kernel: a CUDA GPU (elsewhere it would run through
-        JAX's interpreter, hundreds of times slower) and a power-of-two head dimension."""
-        runtime, hd = gpu_runtime(), self.d_model // self.num_heads
-        for ok, need in (
-            ("cuda" in runtime, f"a CUDA GPU, not {runtime}"),
-            (hd & (hd - 1) == 0, f"a head dimension (model.d_model / model.num_heads = {hd}) "
-             "that is a power of two"),
-        ):  # fmt: skip
-            require(ok, "model.decode_kernel", "pallas", f"needs {need}; else use 'xla'")
+        needs = [("cuda" in runtime, f"a CUDA GPU, not {runtime}")]
+        if half:
+            needs.append((self.dtype in HALF, f"model.dtype bfloat16 or float16, not {self.dtype}"))
+        needs.append((head[0](hd), f"a head dimension (model.d_model / model.num_heads = {hd}) "
+                      f"that is {head[1]}"))  # fmt: skip
+        for ok, need in needs:
+            require(ok, setting, value, f"needs {need}; {fix}")
 
 
 def gpu_runtime() -> str:
