@@ -60,7 +60,7 @@ flags.DEFINE_integer("cache", 128, "S: member cache slots (the last decode segme
 flags.DEFINE_integer("steps", 64, "Decode steps per timed call (<= --cache).")
 flags.DEFINE_integer("runs", 5, "Timed calls per variant (median).")
 flags.DEFINE_enum("dtype", "bfloat16", ["float32", "bfloat16"], "Compute dtype.")
-flags.DEFINE_integer("block", 32, "pallas: keys per chunk (divides the prompt and the cache).")
+flags.DEFINE_integer("block", 32, "pallas: keys per chunk (--cache a multiple of it).")
 flags.DEFINE_integer("warps", 4, "pallas: warps per program (Triton's num_warps).")
 flags.DEFINE_bool("smoke", False, "Tiny sizes in float32 (a CPU, seconds).")
 flags.DEFINE_string("out_dir", "", "Also write decode_ops_<device>.json and .md there.")
