@@ -1,6 +1,6 @@
 """The decode step's attention as one Pallas kernel (``model.decode_kernel=pallas``).
 
-A decode step has one query per member. XLA computes its attention as a dozen small kernels
+A decode step has one query per member. XLA computes its attention as several small kernels
 per layer (scores against the prompt and against the member's cache, their maxima, sums and
 weighted values), each matrix-vector product a reduction over the whole static cache: on one
 H100 the large model's decode loop spent 153.6 of its 244.5 kernel-ms per step in reductions
