@@ -97,6 +97,8 @@ def test_gpu_suite_smoke(tmp_path, shakespeare_path):
     assert positive(prof["thunk_ms_per_step"]) and positive(prof["wall_ms_per_step"])
     assert positive(prof["by_kind"]["matmul"]) and positive(prof["matmul_gflop_per_step"]["matmul"])
     assert {"rollout: decode loop", "update: backward"} <= set(prof["by_stage"])
+    decode_ops = [r for r in prof["by_op"] if r["stage"] == "rollout: decode loop"]
+    assert decode_ops and all("blocks_*" in r["op"] or "blocks_" not in r["op"] for r in decode_ops)
     # probe, peak x2, step, trl x2, V x2, large, attention, profile
     assert len(raw["commands"]) == 1 + 2 + 1 + 2 + 2 + 1 + 1 + 1
     text = md.read_text()
@@ -105,6 +107,7 @@ def test_gpu_suite_smoke(tmp_path, shakespeare_path):
                     "## Where the GRPO step's time goes (step, float32",
                     "## Commands"):  # fmt: skip
         assert heading in text, heading
+    assert "- costliest source ops (layers and loop segments summed):" in text
     assert device["jax"] in text and device["device_kind"] in text
     check_resume(js, env)
 
