@@ -413,6 +413,11 @@ def test_the_rollout_floor_counts_the_decode_loops_reads_by_hand():
     assert decode_bytes({**o, "data.horizon": 41}, 100) == 2 * (
         10 * per(10) + 10 * per(20) + 20 * per(40)
     )
+    # the Pallas kernel reads the chunks (32 slots) holding the written slots: 32 for steps
+    # 0..31, 64 for 32..39; the 7-slot prompt padded to one chunk
+    pallas = {**o, "data.horizon": 41, "model.decode_kernel": "pallas"}
+    per = lambda s: 100 + 2 * 2 * 3 * 32 * 4 + 2 * 2 * 3 * 5 * s * 4
+    assert decode_bytes(pallas, 100) == 2 * (32 * per(32) + 8 * per(64))
     assert decode_bytes({"model.dtype": "bfloat16"}, 100) is None  # the step part: no sizes
     h100 = {"device_kind": "NVIDIA H100 80GB HBM3", "platform": "gpu"}
     fl = rollout_floor(989e12 * 0.010, 0.2, 3.35e12 * 0.040, "bfloat16", h100)
