@@ -19,11 +19,11 @@ prompt's keys and the member's own, one query per member:
   [prompt ; own] keys, the prompt's copied to every member at every step (cuDNN takes one key
   set per query batch). A variant the device cannot run is recorded with its error.
 - ``pallas``: grpo_jax/decode_kernel.py (``model.decode_kernel=pallas``), one Pallas kernel
-  (Triton backend) per decode step and layer, a program per (prompt, member, head): the
-  prompt's keys, then only the member's written slots, ``--block`` keys at a time under an
-  online softmax. It reads the own cache up to the step's slot, where the forms above read
-  all S slots every step. On a CPU it runs interpreted (``pallas_interpreted``; its time
-  there means nothing).
+  (Triton backend) per decode step and layer, a program per (prompt, head, ``--members``
+  members): the prompt's keys, shared by its members, then only each member's written slots,
+  a chunk of keys at a time under an online softmax. It reads the own cache up to the step's
+  slot, where the forms above read all S slots every step. On a CPU it runs interpreted
+  (``pallas_interpreted``; its time there means nothing).
 
 Each runs ``--steps`` decode steps in one jitted ``fori_loop`` (the cache donated): step i
 writes its key and value at slot i and attends to slots <= i, as the decode loop does. Per
@@ -60,7 +60,7 @@ flags.DEFINE_integer("cache", 128, "S: member cache slots (the last decode segme
 flags.DEFINE_integer("steps", 64, "Decode steps per timed call (<= --cache).")
 flags.DEFINE_integer("runs", 5, "Timed calls per variant (median).")
 flags.DEFINE_enum("dtype", "bfloat16", ["float32", "bfloat16"], "Compute dtype.")
-flags.DEFINE_integer("block", 32, "pallas: keys per chunk (--cache a multiple of it).")
+flags.DEFINE_integer("members", 1, "pallas: members per program (a divisor of --group).")
 flags.DEFINE_integer("warps", 4, "pallas: warps per program (Triton's num_warps).")
 flags.DEFINE_bool("smoke", False, "Tiny sizes in float32 (a CPU, seconds).")
 flags.DEFINE_string("out_dir", "", "Also write decode_ops_<device>.json and .md there.")
@@ -123,7 +123,7 @@ def step_fn(variant: str):
             out = _attention(q[:, :, None], pk, pv, pmask, ck, cv, mask[None, :], q.dtype)
             return out[:, :, 0], ck, cv
         if variant == "pallas":
-            out = decode_kernel.attention(q, pk, pv, pmask, ck, cv, i, FLAGS.block, FLAGS.warps)
+            out = decode_kernel.attention(q, pk, pv, pmask, ck, cv, i, FLAGS.members, FLAGS.warps)
             return out, ck, cv
         if variant.startswith("dpa_"):
             return joint(q, pk, pv, pmask, ck, cv, mask, variant[4:]), ck, cv
@@ -194,8 +194,8 @@ def main(argv):
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {argv[1:]}")
     if FLAGS.smoke:
-        tiny = dict(prompts=2, group=3, heads=2, head_dim=8, prompt_len=32, cache=16, steps=12)
-        for name, value in dict(tiny, runs=2, block=8, dtype="float32").items():
+        tiny = dict(prompts=2, group=4, heads=2, head_dim=8, prompt_len=128, cache=64, steps=40)
+        for name, value in dict(tiny, runs=2, dtype="float32").items():
             setattr(FLAGS, name, value)
     if FLAGS.steps > FLAGS.cache:
         raise app.UsageError(f"--steps={FLAGS.steps} exceeds --cache={FLAGS.cache}: set them equal")
@@ -221,7 +221,7 @@ def main(argv):
         "dtype": FLAGS.dtype,
         "command": " ".join(["python experiments/decode_ops.py", *sys.argv[1:]]),
         "shapes": dict(B=b, G=g, h=h, d=d, P=FLAGS.prompt_len, S=FLAGS.cache, steps=FLAGS.steps),
-        "pallas": dict(block=FLAGS.block, warps=FLAGS.warps),
+        "pallas": dict(members=FLAGS.members, warps=FLAGS.warps),
         "step_bytes": step_bytes,
         "pallas_interpreted": jax.default_backend() == "cpu",
         "variants": results,

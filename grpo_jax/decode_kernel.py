@@ -5,8 +5,10 @@ per layer (scores against the prompt and against the member's cache, their maxim
 weighted values), each matrix-vector product a reduction over the whole static cache: on one
 H100 the large model's decode loop spent 153.6 of its 244.5 kernel-ms per step in reductions
 (experiments/results/gpu_suite_nvidia-h100-80gb-hbm3.md). Here one Triton program per
-(prompt, member, head) reads the prompt's keys and values, then only the member's written
-cache slots, ``BLOCK`` keys at a time under an online softmax, everything in registers.
+prompt, head and ``members`` members reads the prompt's keys and values (once for all its
+members), then only each member's written cache slots, a chunk of keys at a time under an
+online softmax, everything in registers. The model runs one member per program (MEMBERS);
+experiments/decode_ops.py --members measures others, and which is fastest is unmeasured.
 
 Requirements (checked by specs.ModelSpec, or raised here): a CUDA GPU (elsewhere the kernel
 runs interpreted: tests only), a power-of-two head dimension, and a member cache whose length
@@ -20,57 +22,69 @@ import functools
 import jax
 import jax.numpy as jnp
 
-BLOCK = 32  # keys per chunk: the cache's alignment
+BLOCK = 32  # keys per chunk (fewer where many members share a program): the cache's alignment
+MEMBERS = 1  # members per program in the model
 _NEG = -1e30  # finite, as model._NEG_INF: a chunk of padding never makes inf - inf
 
 
 def _kernel(idx_ref, q_ref, pk_ref, pv_ref, pbias_ref, ck_ref, cv_ref, o_ref, *, block):
-    """One member's query against its prompt's keys, then its own slots <= index (only the
-    chunks holding them are read), ``block`` keys at a time."""
+    """M members' queries ([M, d]) against their prompt's keys, then each against its own
+    slots <= index (only the chunks holding them are read), ``block`` keys at a time."""
     from jax.experimental import pallas as pl
 
     q = q_ref[...].astype(jnp.float32) * (q_ref.shape[-1] ** -0.5)
 
-    def attend(k_ref, v_ref, start, bias, carry):
-        m, total, acc = carry
-        k = k_ref[pl.ds(start, block), :].astype(jnp.float32)
-        s = jnp.sum(k * q[None, :], axis=1) + bias
-        m_new = jnp.maximum(m, jnp.max(s))
+    def attend(k, v, bias, carry):  # k, v: [M or 1, block, d]; bias: [1, block]
+        m, total, acc = carry  # [M], [M], [M, d]
+        s = jnp.sum(k * q[:, None, :], axis=2) + bias
+        m_new = jnp.maximum(m, jnp.max(s, axis=1))
         # a chunk of padding before any real key adds exp(0)s, which the first real key's
         # larger maximum then scales to zero
-        e, rescale = jnp.exp(s - m_new), jnp.exp(m - m_new)
-        v = v_ref[pl.ds(start, block), :].astype(jnp.float32)
-        return m_new, total * rescale + jnp.sum(e), acc * rescale + jnp.sum(e[:, None] * v, 0)
+        e, rescale = jnp.exp(s - m_new[:, None]), jnp.exp(m - m_new)
+        acc = acc * rescale[:, None] + jnp.sum(e[:, :, None] * v, axis=1)
+        return m_new, total * rescale + jnp.sum(e, axis=1), acc
 
     def prompt(i, carry):
-        return attend(pk_ref, pv_ref, i * block, pbias_ref[pl.ds(i * block, block)], carry)
+        chunk = pl.ds(i * block, block)
+        k, v = (r[chunk, :].astype(jnp.float32)[None] for r in (pk_ref, pv_ref))
+        return attend(k, v, pbias_ref[chunk][None], carry)
 
     index = idx_ref[0]
 
     def own(i, carry):
-        slot = i * block + jax.lax.broadcasted_iota(jnp.int32, (block,), 0)
-        return attend(ck_ref, cv_ref, i * block, jnp.where(slot <= index, 0.0, _NEG), carry)
+        chunk = pl.ds(i * block, block)
+        k, v = (r[:, chunk, :].astype(jnp.float32) for r in (ck_ref, cv_ref))
+        slot = i * block + jax.lax.broadcasted_iota(jnp.int32, (1, block), 1)
+        return attend(k, v, jnp.where(slot <= index, 0.0, _NEG), carry)
 
-    carry = (jnp.float32(_NEG), jnp.float32(0.0), jnp.zeros(q.shape, jnp.float32))
+    m = q.shape[0]
+    carry = (jnp.full((m,), _NEG, jnp.float32), jnp.zeros((m,), jnp.float32), jnp.zeros_like(q))
     carry = jax.lax.fori_loop(0, pk_ref.shape[0] // block, prompt, carry)
     _, total, acc = jax.lax.fori_loop(0, index // block + 1, own, carry)
-    o_ref[...] = (acc / total).astype(o_ref.dtype)
+    o_ref[...] = (acc / total[:, None]).astype(o_ref.dtype)
 
 
-def attention(q, pk, pv, pmask, ck, cv, index, block=BLOCK, warps=4, interpret=None):
+def attention(q, pk, pv, pmask, ck, cv, index, members=MEMBERS, warps=4, interpret=None):
     """q [B, G, h, d]; the prompt's keys/values pk/pv [B, h, P, d] and its real slots pmask
     [B, P]; the member cache ck/cv [B, G, h, S, d] written up to slot ``index`` (scalar).
-    Returns [B, G, h, d] in q's dtype. ``interpret`` (default: on a CPU) runs the kernel
-    through JAX's interpreter."""
+    Returns [B, G, h, d] in q's dtype.
+
+    A program serves ``members`` members of one prompt and head (a divisor of G): they share
+    each chunk of the prompt's keys it reads, in chunks of ``block`` = 8192 / (members x d)
+    keys (at most BLOCK) so that a chunk of all their own keys, [members, block, d] in
+    float32, stays in registers. ``interpret`` (default: on a CPU) runs the kernel through
+    JAX's interpreter."""
     from jax.experimental import pallas as pl
     from jax.experimental.pallas import triton as pl_triton
 
     b, g, h, d = q.shape
     s = ck.shape[3]
-    if s % block or d & (d - 1):
-        raise ValueError(f"decode kernel: cache length {s} must be a multiple of {block} and "
-                         f"head dimension {d} a power of two")  # fmt: skip
-    pad = -pk.shape[2] % block
+    block = max(1, min(BLOCK, 8192 // (members * d)))
+    if g % members or s % BLOCK or d & (d - 1) or block & (block - 1):
+        raise ValueError(f"decode kernel: {members} members per program must divide G = {g} "
+                         f"and, with head dimension {d}, a power of two; the cache length {s} "
+                         f"a multiple of {BLOCK}")  # fmt: skip
+    pad = -pk.shape[2] % BLOCK
     if pad:  # masked keys at the end: the prompt's real keys are unchanged
         pk, pv = (jnp.pad(x, [(0, 0), (0, 0), (0, pad), (0, 0)]) for x in (pk, pv))
         pmask = jnp.pad(pmask, [(0, 0), (0, pad)])
@@ -81,17 +95,17 @@ def attention(q, pk, pv, pmask, ck, cv, index, block=BLOCK, warps=4, interpret=N
     call = pl.pallas_call(
         functools.partial(_kernel, block=block),
         out_shape=jax.ShapeDtypeStruct(q.shape, q.dtype),
-        grid=(b, g, h),
+        grid=(b, g // members, h),
         in_specs=[
             pl.BlockSpec((1,), lambda bi, gi, hi: (0,)),
-            pl.BlockSpec((None, None, None, d), member),
+            pl.BlockSpec((None, members, None, d), member),
             pl.BlockSpec((None, None, p, d), prompt),
             pl.BlockSpec((None, None, p, d), prompt),
             pl.BlockSpec((None, p), lambda bi, gi, hi: (bi, 0)),
-            pl.BlockSpec((None, None, None, s, d), cache),
-            pl.BlockSpec((None, None, None, s, d), cache),
+            pl.BlockSpec((None, members, None, s, d), cache),
+            pl.BlockSpec((None, members, None, s, d), cache),
         ],
-        out_specs=pl.BlockSpec((None, None, None, d), member),
+        out_specs=pl.BlockSpec((None, members, None, d), member),
         compiler_params=pl_triton.CompilerParams(num_warps=warps, num_stages=2),
         interpret=jax.default_backend() == "cpu" if interpret is None else interpret,
     )

@@ -16,7 +16,7 @@ def test_every_decode_attention_variant_equals_the_models(tmp_path):
         cwd=ROOT, capture_output=True, text=True, timeout=300, check=True,
     )  # fmt: skip
     rec = json.loads(proc.stdout.strip().splitlines()[-1])
-    assert rec["shapes"] == dict(B=2, G=3, h=2, d=8, P=32, S=16, steps=12)
+    assert rec["shapes"] == dict(B=2, G=4, h=2, d=8, P=128, S=64, steps=40)
     variants = rec["variants"]
     assert set(variants) == {"model", "values_s_minor", "one_softmax", "one_softmax_s_minor",
                              "dpa_xla", "dpa_cudnn", "pallas"}  # fmt: skip
@@ -30,6 +30,31 @@ def test_every_decode_attention_variant_equals_the_models(tmp_path):
     md = (tmp_path / "decode_ops_cpu.md").read_text()
     assert "(the Pallas kernel interpreted)" in md
     assert all(f"| {name} |" in md for name in variants)
+
+
+def test_the_kernel_serves_several_members_per_program():
+    """grpo_jax/decode_kernel.py, interpreted: 1, 4 or 16 members per program (16 x 64-wide
+    heads read their own keys 8 at a time) give the model's attention, with a fully padded
+    prompt chunk and the own cache written up to several indices."""
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+
+    from grpo_jax import decode_kernel
+    from grpo_jax.model import _attention
+
+    b, g, h, d, p, s = 1, 16, 2, 64, 70, 64  # the prompt pads to 96: 32 masked slots first
+    ks = jax.random.split(jax.random.PRNGKey(0), 5)
+    q = jax.random.normal(ks[0], (b, g, h, d))
+    pk, pv = (jax.random.normal(k, (b, h, p, d)) for k in ks[1:3])
+    ck, cv = (jax.random.normal(k, (b, g, h, s, d)) for k in ks[3:5])
+    pmask = jnp.broadcast_to(jnp.arange(p) >= 6, (b, p))
+    for index in (0, 31, 40):
+        own = (jnp.arange(s) <= index)[None, :]
+        want = _attention(q[:, :, None], pk, pv, pmask, ck, cv, own, jnp.float32)[:, :, 0]
+        for members in (1, 4, 16):
+            got = decode_kernel.attention(q, pk, pv, pmask, ck, cv, index, members, interpret=True)
+            np.testing.assert_allclose(got, want, atol=2e-5, err_msg=f"{members}, {index}")
 
 
 def test_the_pallas_kernel_lowers_to_triton_for_a_cuda_gpu():
@@ -47,12 +72,13 @@ def test_the_pallas_kernel_lowers_to_triton_for_a_cuda_gpu():
     args += [jax.ShapeDtypeStruct((b, p), jnp.bool_)]
     args += [jax.ShapeDtypeStruct((b, g, h, s, d), jnp.bfloat16)] * 2
     args += [jax.ShapeDtypeStruct((), jnp.int32)]
-    call = jax.jit(lambda *a: decode_kernel.attention(*a, interpret=False))
     triton = "__gpu$xla.gpu.triton"
-    exported = jax.export.export(
-        call, platforms=["cuda"],
-        disabled_checks=[jax.export.DisabledSafetyCheck.custom_call(triton)],
-    )(*args)  # fmt: skip
-    text = exported.mlir_module()
-    assert text.count(f"stablehlo.custom_call @{triton}") == 1
-    assert "grid_x = 16" in text and "grid_y = 16" in text and "grid_z = 12" in text
+    for members in (1, 4, 16):  # own keys 32, 32 and 8 at a time
+        call = jax.jit(lambda *a, m=members: decode_kernel.attention(*a, m, interpret=False))
+        exported = jax.export.export(
+            call, platforms=["cuda"],
+            disabled_checks=[jax.export.DisabledSafetyCheck.custom_call(triton)],
+        )(*args)  # fmt: skip
+        text = exported.mlir_module()
+        assert text.count(f"stablehlo.custom_call @{triton}") == 1
+        assert f"grid_x = 16 : i32, grid_y = {16 // members} : i32, grid_z = 12" in text
