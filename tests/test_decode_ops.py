@@ -58,9 +58,9 @@ def test_the_kernel_serves_several_members_per_program():
 
 
 def test_the_pallas_kernel_lowers_to_triton_for_a_cuda_gpu():
-    """Without a GPU: grpo_jax/decode_kernel.py at the large model's shapes (bfloat16) passes
-    JAX's Triton lowering rules (block shapes, the dynamic own-cache loop) into one Triton
-    custom call; only compiling it needs the GPU."""
+    """Without a GPU: grpo_jax/decode_kernel.py at the large model's shapes (bfloat16), for an
+    H100, passes JAX's Triton lowering rules (block shapes, the dynamic own-cache loop) into
+    one Triton custom call; only compiling it needs the GPU."""
     import jax
     import jax.numpy as jnp
 
@@ -73,12 +73,17 @@ def test_the_pallas_kernel_lowers_to_triton_for_a_cuda_gpu():
     args += [jax.ShapeDtypeStruct((b, g, h, s, d), jnp.bfloat16)] * 2
     args += [jax.ShapeDtypeStruct((), jnp.int32)]
     triton = "__gpu$xla.gpu.triton"
+    # the target GPU named (jax >= 0.11 asks the device for its compute capability)
+    h100 = jax.sharding.AbstractDevice(device_kind="NVIDIA H100 80GB HBM3", num_cores=None,
+                                       platform="gpu")  # fmt: skip
+    mesh = jax.sharding.AbstractMesh((1,), ("x",), abstract_device=h100)
     for members in (1, 4, 16):  # own keys 32, 32 and 8 at a time
         call = jax.jit(lambda *a, m=members: decode_kernel.attention(*a, m, interpret=False))
-        exported = jax.export.export(
-            call, platforms=["cuda"],
-            disabled_checks=[jax.export.DisabledSafetyCheck.custom_call(triton)],
-        )(*args)  # fmt: skip
+        with jax.sharding.use_abstract_mesh(mesh):
+            exported = jax.export.export(
+                call, platforms=["cuda"],
+                disabled_checks=[jax.export.DisabledSafetyCheck.custom_call(triton)],
+            )(*args)  # fmt: skip
         text = exported.mlir_module()
         assert text.count(f"stablehlo.custom_call @{triton}") == 1
         assert f"grid_x = 16 : i32, grid_y = {16 // members} : i32, grid_z = 12" in text
