@@ -67,15 +67,15 @@ flags.DEFINE_bool(
 )
 
 
-def compile_halves(step, state, inputs):
+def compile_halves(step, state, inputs, batch):
     """The task's own step in its two halves, ``step.rollout`` and ``step.update`` (on the
-    rollout's batch), each compiled ahead of time on its own, not donating (the state
-    survives every run): (rollout, update). The update is lowered on the rollout's output
-    shapes and shardings; with a Python reward the host rewards need a real batch, so one
-    rollout runs here, untimed."""
+    rollout's batch, whose shapes ``batch`` holds), each compiled ahead of time on its own,
+    not donating (the state survives every run): (rollout, update). The update is lowered on
+    those shapes with the rollout's output shardings; with a Python reward the host rewards
+    need a real batch, so one rollout runs here, untimed."""
     rollout = jax.jit(step.rollout).lower(state, inputs).compile()
     if step.host is None:
-        batch, host = jax.eval_shape(step.rollout, state, inputs), None
+        host = None
         batch = jax.tree.map(
             lambda a, sh: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=sh),
             batch,
@@ -103,12 +103,12 @@ def breakdown(halves, step, state, inputs, runs):
     }
 
 
-def flop_counts(step, state, inputs, compiled=None):
-    """The step's matmul FLOPs (measure.step_flops) and each half's, for its MFU beside
-    breakdown()'s times. Tracing only: the count is the traced program's, the same on any
-    device (so a CPU counts a GPU run's work: --flops_only)."""
+def flop_counts(step, state, inputs, batch, compiled=None):
+    """The step's matmul FLOPs (measure.step_flops) and each half's (the update on the
+    rollout's ``batch`` shapes), for its MFU beside breakdown()'s times. Tracing only: the
+    count is the traced program's, the same on any device (so a CPU counts a GPU run's work:
+    --flops_only)."""
     counts = step_flops(step.fused, state, inputs, compiled=compiled)
-    batch = jax.eval_shape(step.rollout, state, inputs)
     counts["rollout_matmul_flops"] = step_flops(step.rollout, state, inputs)["matmul_flops"]
     counts["update_matmul_flops"] = step_flops(step.update, state, inputs, batch, None)[
         "matmul_flops"
@@ -116,22 +116,21 @@ def flop_counts(step, state, inputs, compiled=None):
     return counts
 
 
-def roofline(config, task, step, state, inputs, compiled, step_s):
+def roofline(config, task, step, state, inputs, batch, compiled, step_s):
     """flop_counts, the GFLOP/s the step achieves and, on a CPU, this machine's matmul peak at
     the model's own shapes (measure.matmul_peak): the roofline; with --matmul_floor, also
     what the step's own matmuls take alone (measure.matmul_floor). Not on a GPU: there
     gpu_suite's peak children (large shapes, each its own time limit) and the nominal peaks
     apply; on one H200 an earlier peak loop in bfloat16 at 8192^3 was still compiling when
     the suite's probe hit its 300 s limit."""
-    counts = flop_counts(step, state, inputs, compiled)
+    counts = flop_counts(step, state, inputs, batch, compiled)
     achieved = counts["matmul_flops"] / step_s / 1e9
     out = {**counts, "achieved_gflops": achieved}
     if jax.default_backend() != "cpu":
         return {**out, "matmul_peak_gflops": None, "fraction_of_peak": None}
     d, hidden = config.model.d_model, config.model.mlp_ratio * config.model.d_model
     v = state.params["embed"]["embedding"].shape[0]  # the tied output head's V
-    horizon = completion_length(step, state, inputs)
-    rows = (task.tokens_per_step, max(1, task.tokens_per_step // horizon))
+    rows = (task.tokens_per_step, max(1, task.tokens_per_step // completion_length(batch)))
     shapes = [
         (r, k, n) for r in rows for k, n in ((d, 3 * d), (d, d), (d, hidden), (hidden, d), (d, v))
     ]
@@ -169,11 +168,10 @@ def build(config):
     return task, step, jstep, state, inputs, mesh, int(n_params)
 
 
-def completion_length(step, state, inputs) -> int:
-    """The longest completion the step's groups generate (its batch's token axis), whatever
-    the task calls it in its config."""
-    parts = jax.eval_shape(step.rollout, state, inputs).parts
-    return max(p.tokens.shape[-1] for p in parts)
+def completion_length(batch) -> int:
+    """The longest completion the step's groups generate (the rollout's ``batch``'s token
+    axis), whatever the task calls it in its config."""
+    return max(p.tokens.shape[-1] for p in batch.parts)
 
 
 def per_device(config, task, mesh, peaks, horizon: int) -> dict:
@@ -281,15 +279,16 @@ def main(argv):
         compiled, _, _, compile_s, _ = time_train_step(jstep, state, inputs, 0, 0)  # no run
         print(json.dumps({"params": n_params, "compile_s": compile_s, **memory(compiled)}))
         return
+    batch = jax.eval_shape(step.rollout, state, inputs)  # its shapes, traced once
     if FLAGS.flops_only:
         counts = {"params": n_params, "tokens_per_step": task.tokens_per_step}
-        print(json.dumps({**counts, **flop_counts(step, state, inputs)}))
+        print(json.dumps({**counts, **flop_counts(step, state, inputs, batch)}))
         return
     # one compile section and one timed section (device_lock: no-ops unless gpu_suite.py runs
     # children side by side): each timed section waits for the compiles already running
     with device_lock.shared():
         compiled, state, compile_s = compile_step(jstep, state, inputs)
-        halves = compile_halves(step, state, inputs)
+        halves = compile_halves(step, state, inputs, batch)
     with device_lock.timed():
         run = compiled if compiled is not None else jstep
         state, metrics, times = run_steps(run, state, inputs, FLAGS.warmup, FLAGS.steps)
@@ -301,13 +300,12 @@ def main(argv):
             "loss": float(metrics["loss"]),
             "cpu_buffers": cpu_buffers,
             "roofline": None,
+            "horizon": completion_length(batch),
         }
         measured["breakdown"] = breakdown(halves, step, state, inputs, FLAGS.breakdown_runs)
-    if mesh is not None and jax.device_count() > 1:
-        measured["horizon"] = completion_length(step, state, inputs)
     if FLAGS.roofline and step.host is None and compiled is not None:
         med = statistics.median(times)
-        measured["roofline"] = roofline(config, task, step, state, inputs, compiled, med)
+        measured["roofline"] = roofline(config, task, step, state, inputs, batch, compiled, med)
     res = record(config, task, state, mesh, n_params, measured)
     report(res)
     line = json.dumps(res)

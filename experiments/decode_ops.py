@@ -36,7 +36,6 @@ that time. The last printed line is the JSON record.
 """
 
 import json
-import re
 import statistics
 import sys
 import time
@@ -45,6 +44,7 @@ from pathlib import Path
 import jax
 import jax.numpy as jnp
 from absl import app, flags
+from gpu_suite_report import slug  # the suite's file names for a device
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from grpo_jax import decode_kernel
@@ -255,10 +255,6 @@ def markdown(rec: dict) -> str:
         lines.append(f"| {name} | {r['us_per_step']:.1f} | {r['read_gb_per_s']:.0f} | {dev} | "
                      f"{r['compile_s']:.1f} |")  # fmt: skip
     return "\n".join(lines) + "\n"
-
-
-def slug(device_kind: str) -> str:
-    return re.sub(r"[^a-z0-9]+", "-", device_kind.lower()).strip("-") or "unknown"
 
 
 if __name__ == "__main__":

@@ -124,8 +124,8 @@ def thunk_times(trace_dir: str, instrs: dict, module: str, steps: int) -> tuple[
 
     The second dict (ms and events per step, a few of their names) is the time this could not
     attribute: on device tracks every kernel that names no instruction of ``module`` (a CUDA
-    graph's kernels may carry no ``hlo_op``; a profile has yet to run on a GPU), on a CPU the
-    module's events of instructions not in its HLO."""
+    graph's kernels may carry no ``hlo_op``: on one H100 with command buffers on, 15.6 of the
+    step's 19.9 ms), on a CPU the module's events of instructions not in its HLO."""
     (path,) = Path(trace_dir).rglob("perfetto_trace.json.gz")
     with gzip.open(path) as f:
         trace = json.load(f)

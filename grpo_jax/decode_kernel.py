@@ -7,8 +7,9 @@ H100 the large model's decode loop spent 153.6 of its 244.5 kernel-ms per step i
 (experiments/results/gpu_suite_nvidia-h100-80gb-hbm3.md). Here one Triton program per
 prompt, head and ``members`` members reads the prompt's keys and values (once for all its
 members), then only each member's written cache slots, a chunk of keys at a time under an
-online softmax, everything in registers. The model runs one member per program (MEMBERS);
-experiments/decode_ops.py --members measures others, and which is fastest is unmeasured.
+online softmax, no intermediate written back to memory. The model runs one member per
+program (MEMBERS); experiments/decode_ops.py --members measures others, and which is fastest
+is unmeasured.
 
 Requirements (checked by specs.ModelSpec, or raised here): a CUDA GPU (elsewhere the kernel
 runs interpreted: tests only), a power-of-two head dimension, and a member cache whose length

@@ -355,8 +355,8 @@ class ModelSpec:
             fix = "else use model.attention='shared_prefix' (any device) or 'xla'"
             multiple_of_8 = (lambda hd: hd % 8 == 0, "a multiple of 8")
             spec.check_gpu_kernel("model.attention", "cudnn", multiple_of_8, fix, half=True)
-        if spec.decode_kernel == "pallas":  # decode_kernel.py, a Triton kernel (elsewhere it
-            # would run through JAX's interpreter, hundreds of times slower)
+        if spec.decode_kernel == "pallas":  # decode_kernel.py, a Triton kernel (elsewhere JAX
+            # could only interpret it, as the tests do)
             power_of_2 = (lambda hd: hd & (hd - 1) == 0, "a power of two")
             spec.check_gpu_kernel("model.decode_kernel", "pallas", power_of_2, "else use 'xla'")
         return spec
