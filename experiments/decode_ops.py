@@ -18,9 +18,10 @@ prompt's keys and the member's own, one query per member:
 - ``dpa_xla`` / ``dpa_cudnn``: ``jax.nn.dot_product_attention`` per member over its
   [prompt ; own] keys, the prompt's copied to every member at every step (cuDNN takes one key
   set per query batch). A variant the device cannot run is recorded with its error.
-- ``pallas``: grpo_jax/decode_kernel.py (``model.decode_kernel=pallas``), one Pallas kernel
-  (Triton backend) per decode step and layer, a program per (prompt, head, ``--members``
-  members): the prompt's keys, shared by its members, then only each member's written slots,
+- ``pallas_m<M>``, one per ``--members`` count M: grpo_jax/decode_kernel.py
+  (``model.decode_kernel=pallas``), one Pallas kernel (Triton backend) per decode step and
+  layer, a program per (prompt, head, M members): the prompt's keys, shared by its members,
+  then only each member's written slots,
   a chunk of keys at a time under an online softmax. It reads the own cache up to the step's
   slot, where the forms above read all S slots every step. On a CPU it runs interpreted
   (``pallas_interpreted``; its time there means nothing).
@@ -32,6 +33,7 @@ the least bytes a step reads (prompt keys and values, the whole static member ca
 that time. The last printed line is the JSON record.
 
   python experiments/decode_ops.py --out_dir=experiments/results   # the large model's, bf16
+  python experiments/decode_ops.py --members=1,4,16                 # the kernel three ways
   python experiments/decode_ops.py --smoke                          # tiny, float32, a CPU
 """
 
@@ -60,13 +62,18 @@ flags.DEFINE_integer("cache", 128, "S: member cache slots (the last decode segme
 flags.DEFINE_integer("steps", 64, "Decode steps per timed call (<= --cache).")
 flags.DEFINE_integer("runs", 5, "Timed calls per variant (median).")
 flags.DEFINE_enum("dtype", "bfloat16", ["float32", "bfloat16"], "Compute dtype.")
-flags.DEFINE_integer("members", 1, "pallas: members per program (a divisor of --group).")
+flags.DEFINE_list(
+    "members",
+    ["1"],
+    "pallas: members per program (each a divisor of --group); one variant per count, all in "
+    "this process, so the XLA forms compile and run once (a GPU lease's minutes).",
+)
 flags.DEFINE_integer("warps", 4, "pallas: warps per program (Triton's num_warps).")
 flags.DEFINE_bool("smoke", False, "Tiny sizes in float32 (a CPU, seconds).")
 flags.DEFINE_string("out_dir", "", "Also write decode_ops_<device>.json and .md there.")
 
-VARIANTS = ("model", "values_s_minor", "one_softmax", "one_softmax_s_minor", "dpa_xla")
-VARIANTS += ("dpa_cudnn", "pallas")
+XLA_FORMS = ("model", "values_s_minor", "one_softmax", "one_softmax_s_minor", "dpa_xla")
+XLA_FORMS += ("dpa_cudnn",)
 S_MINOR = {"values_s_minor", "one_softmax_s_minor"}
 
 
@@ -122,8 +129,9 @@ def step_fn(variant: str):
         if variant == "model":  # today's code path: q [B, G, T=1, h, d]
             out = _attention(q[:, :, None], pk, pv, pmask, ck, cv, mask[None, :], q.dtype)
             return out[:, :, 0], ck, cv
-        if variant == "pallas":
-            out = decode_kernel.attention(q, pk, pv, pmask, ck, cv, i, FLAGS.members, FLAGS.warps)
+        if variant.startswith("pallas_m"):
+            members = int(variant.removeprefix("pallas_m"))
+            out = decode_kernel.attention(q, pk, pv, pmask, ck, cv, i, members, FLAGS.warps)
             return out, ck, cv
         if variant.startswith("dpa_"):
             return joint(q, pk, pv, pmask, ck, cv, mask, variant[4:]), ck, cv
@@ -190,6 +198,20 @@ def measure(variant: str, args, empty, want) -> dict:
             "max_rel_deviation": err, "output": got}  # fmt: skip
 
 
+def members_counts() -> list[int]:
+    """--members as integers, each dividing --group (the kernel's programs split a prompt's
+    members evenly)."""
+    try:
+        counts = [int(m) for m in FLAGS.members]
+    except ValueError:
+        given = ",".join(FLAGS.members)
+        raise app.UsageError(f"--members={given}: give integers, e.g. 1,4,16") from None
+    bad = [m for m in counts if m < 1 or FLAGS.group % m]
+    if bad or not counts:
+        raise app.UsageError(f"--members: {bad or 'none'} do not divide --group={FLAGS.group}")
+    return counts
+
+
 def main(argv):
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {argv[1:]}")
@@ -206,7 +228,7 @@ def main(argv):
     # the least a step reads: the prompt's keys and values, the whole static member cache
     step_bytes = item * (2 * b * h * FLAGS.prompt_len * d + 2 * b * g * h * FLAGS.cache * d)
     results, want = {}, None
-    for variant in VARIANTS:
+    for variant in (*XLA_FORMS, *(f"pallas_m{m}" for m in members_counts())):
         res = measure(variant, args, empty, want)
         want = res.pop("output", want) if variant == "model" else want
         res.pop("output", None)
@@ -221,7 +243,7 @@ def main(argv):
         "dtype": FLAGS.dtype,
         "command": " ".join(["python experiments/decode_ops.py", *sys.argv[1:]]),
         "shapes": dict(B=b, G=g, h=h, d=d, P=FLAGS.prompt_len, S=FLAGS.cache, steps=FLAGS.steps),
-        "pallas": dict(members=FLAGS.members, warps=FLAGS.warps),
+        "pallas": dict(members=members_counts(), warps=FLAGS.warps),
         "step_bytes": step_bytes,
         "pallas_interpreted": jax.default_backend() == "cpu",
         "variants": results,

@@ -12,14 +12,16 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def test_every_decode_attention_variant_equals_the_models(tmp_path):
     proc = subprocess.run(
-        [sys.executable, "experiments/decode_ops.py", "--smoke", f"--out_dir={tmp_path}"],
+        [sys.executable, "experiments/decode_ops.py", "--smoke", "--members=1,4",
+         f"--out_dir={tmp_path}"],
         cwd=ROOT, capture_output=True, text=True, timeout=300, check=True,
     )  # fmt: skip
     rec = json.loads(proc.stdout.strip().splitlines()[-1])
     assert rec["shapes"] == dict(B=2, G=4, h=2, d=8, P=128, S=64, steps=40)
     variants = rec["variants"]
     assert set(variants) == {"model", "values_s_minor", "one_softmax", "one_softmax_s_minor",
-                             "dpa_xla", "dpa_cudnn", "pallas"}  # fmt: skip
+                             "dpa_xla", "dpa_cudnn", "pallas_m1", "pallas_m4"}  # fmt: skip
+    assert rec["pallas"] == dict(members=[1, 4], warps=4)
     assert variants["model"]["max_rel_deviation"] is None and variants["model"]["us_per_step"] > 0
     for name, res in variants.items():
         if name == "model" or (name == "dpa_cudnn" and "error" in res):  # no cuDNN on a CPU

@@ -253,6 +253,36 @@ def test_the_pallas_decode_kernel_samples_what_xla_decodes():
     np.testing.assert_allclose(got[2], want[2], atol=1e-5)
 
 
+def _primitives(jaxpr, inside=()):
+    """Every (primitive name, names of the primitives enclosing it) in a jaxpr, sub-jaxprs
+    (scan and while bodies, shard_map, pjit) included."""
+    for eqn in jaxpr.eqns:
+        yield eqn.primitive.name, inside
+        for sub in jax.extend.core.jaxprs_in_params(eqn.params):
+            yield from _primitives(sub, (*inside, eqn.primitive.name))
+
+
+def test_the_pallas_setting_reaches_the_grpo_steps_decode(monkeypatch, shakespeare_path):
+    """--config.model.decode_kernel=pallas through the task's build on the trainer's mesh (the
+    GPU suite's `pallas` part): the step's decode loop calls the kernel inside the member
+    shard_map, and nothing else does (prefill, the reference's and the update's passes keep
+    XLA's attention). Traced only, with the GPU check passed as on a CUDA device."""
+    from grpo_jax import sharding, specs, trainer
+    from grpo_jax.config_blocks import load_config
+    from grpo_jax.tasks import build_task
+
+    monkeypatch.setattr(specs, "gpu_runtime", lambda: "cuda 12080")
+    config = load_config("shakespeare", "tiny,sampled", **{"model.decode_kernel": "pallas"})
+    config.data.path = str(shakespeare_path)
+    task = build_task(config, "train")
+    params = trainer.initial_params(config, task)
+    step, inputs = task.build(params, mesh=sharding.make_mesh(config.get("mesh")))
+    jaxpr = jax.make_jaxpr(step.fused)(task.make_state(params), inputs).jaxpr
+    calls = [inside for name, inside in _primitives(jaxpr) if name == "pallas_call"]
+    assert len(calls) == config.model.num_layers  # one per layer in the decode step's body
+    assert all("shard_map" in inside and "scan" in inside for inside in calls)
+
+
 def test_sampled_first_actions_follow_policy(model_params):
     m, p = model_params
     ctx = jax.random.randint(jax.random.PRNGKey(5), (1, C), 0, V)
