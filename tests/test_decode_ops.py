@@ -60,26 +60,30 @@ def test_the_kernel_serves_several_members_per_program():
 
 
 def test_the_pallas_kernel_lowers_to_triton_for_a_cuda_gpu():
-    """Without a GPU: grpo_jax/decode_kernel.py at the large model's shapes (bfloat16), for an
-    H100, passes JAX's Triton lowering rules (block shapes, the dynamic own-cache loop) into
-    one Triton custom call; only compiling it needs the GPU."""
+    """Without a GPU: grpo_jax/decode_kernel.py in bfloat16, for an H100, passes JAX's Triton
+    lowering rules (block shapes, the dynamic own-cache loop) into one Triton custom call, at
+    the large model's shapes and at the TRL-comparable step's (a 100-key prompt padded to 128,
+    a 96-slot cache segment: neither a power of two); only compiling it needs the GPU."""
     import jax
     import jax.numpy as jnp
 
     from grpo_jax import decode_kernel
+    from grpo_jax.rollout import cache_segments
 
-    b, g, h, d, p, s = 16, 16, 12, 64, 256, 128
-    args = [jax.ShapeDtypeStruct(shape, jnp.bfloat16)
-            for shape in ((b, g, h, d), (b, h, p, d), (b, h, p, d))]  # fmt: skip
-    args += [jax.ShapeDtypeStruct((b, p), jnp.bool_)]
-    args += [jax.ShapeDtypeStruct((b, g, h, s, d), jnp.bfloat16)] * 2
-    args += [jax.ShapeDtypeStruct((), jnp.int32)]
     triton = "__gpu$xla.gpu.triton"
     # the target GPU named (jax >= 0.11 asks the device for its compute capability)
     h100 = jax.sharding.AbstractDevice(device_kind="NVIDIA H100 80GB HBM3", num_cores=None,
                                        platform="gpu")  # fmt: skip
     mesh = jax.sharding.AbstractMesh((1,), ("x",), abstract_device=h100)
-    for members in (1, 4, 16):  # own keys 32, 32 and 8 at a time
+    assert cache_segments(69, decode_kernel.BLOCK)[-1] == 96  # horizon 70's last segment
+    cases = [((16, 16, 12, 64, 256, 128), m) for m in (1, 4, 16)]  # own keys 32, 32, 8 at a time
+    cases += [((8, 8, 4, 32, 100, 96), 1)]
+    for (b, g, h, d, p, s), members in cases:
+        args = [jax.ShapeDtypeStruct(shape, jnp.bfloat16)
+                for shape in ((b, g, h, d), (b, h, p, d), (b, h, p, d))]  # fmt: skip
+        args += [jax.ShapeDtypeStruct((b, p), jnp.bool_)]
+        args += [jax.ShapeDtypeStruct((b, g, h, s, d), jnp.bfloat16)] * 2
+        args += [jax.ShapeDtypeStruct((), jnp.int32)]
         call = jax.jit(lambda *a, m=members: decode_kernel.attention(*a, m, interpret=False))
         with jax.sharding.use_abstract_mesh(mesh):
             exported = jax.export.export(
@@ -88,4 +92,4 @@ def test_the_pallas_kernel_lowers_to_triton_for_a_cuda_gpu():
             )(*args)  # fmt: skip
         text = exported.mlir_module()
         assert text.count(f"stablehlo.custom_call @{triton}") == 1
-        assert f"grid_x = 16 : i32, grid_y = {16 // members} : i32, grid_z = 12" in text
+        assert f"grid_x = {b} : i32, grid_y = {g // members} : i32, grid_z = {h}" in text
