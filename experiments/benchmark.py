@@ -238,6 +238,11 @@ def report_roofline(roof: dict, med: float) -> None:
             f"{roof['matmul_floor_s_by_kind']['dense']:.4f} s, batched (attention) "
             f"{roof['matmul_floor_s_by_kind']['batched']:.4f} s"
         )
+        for r in roof["matmul_floor_top"][:5]:
+            print(
+                f"  {r['floor_ms']:7.2f} ms: {r['runs']} x {r['lhs']} . {r['rhs']} at "
+                f"{r['gflops_alone']:.0f} GFLOP/s alone ({r['op'] or 'unnamed'})"
+            )
 
 
 def report(res: dict) -> None:

@@ -141,11 +141,17 @@ def matmul_flops_of(jaxpr, batched: bool | None = None) -> int:
     dimensions (attention's scores and values), False only those without (the dense layers)."""
     total = 0
     for eqn, times in executed_dots(jaxpr):
-        (lc, _), _ = eqn.params["dimension_numbers"]
         if batched is None or batched == is_batched(eqn.params):
-            contracted = math.prod(eqn.invars[0].aval.shape[d] for d in lc)
-            total += times * 2 * math.prod(eqn.outvars[0].aval.shape) * contracted
+            total += times * dot_flops(eqn)
     return total
+
+
+def dot_flops(eqn) -> int:
+    """2·M·N·K of one dot_general equation: every output element sums over the contracted
+    dimensions."""
+    (lc, _), _ = eqn.params["dimension_numbers"]
+    contracted = math.prod(eqn.invars[0].aval.shape[d] for d in lc)
+    return 2 * math.prod(eqn.outvars[0].aval.shape) * contracted
 
 
 def step_flops(fn, *args, compiled=None):
@@ -207,26 +213,35 @@ def matmul_peak(shapes, dtype="float32", repeats=8, runs=20):
     return rates, max(rates.values())
 
 
-def matmul_floor(fn, *args, repeats=8, runs=10) -> dict:
+def matmul_floor(fn, *args, repeats=8, runs=10, top=12) -> dict:
     """What the matmuls of one call of ``fn(*args)`` cost at their own shapes: every distinct
     dot_general it executes (executed_dots: shapes, dtypes, dimension numbers) timed alone as
     dot_program's best call, times how often the call runs it. ``matmul_floor_s`` is the
     call's time if everything but its matmuls were free and each ran as fast as it does alone
     (a floor unless the step overlaps its matmuls better than dot_program's call does): how
     much of the gap to the peak the shapes themselves (decode's few rows, attention's small
-    batched products) account for."""
+    batched products) account for. ``matmul_floor_top``: the ``top`` distinct matmuls that
+    take the most of it, each with the source op of its first occurrence (the engine's scopes
+    and the model's layer; inside a loop, relative to the loop's body), its runs per call and
+    its rate alone."""
     distinct = {}
     for eqn, times in executed_dots(jax.make_jaxpr(fn)(*args).jaxpr):
         lhs, rhs = (v.aval for v in eqn.invars)
         key = (lhs.shape, str(lhs.dtype), rhs.shape, str(rhs.dtype), repr(eqn.params))
-        distinct.setdefault(key, [0, lhs, rhs, eqn.params])[0] += times
-    by_kind = {"dense": 0.0, "batched": 0.0}  # as profile_step splits them
-    for count, lhs, rhs, params in distinct.values():
-        kind = "batched" if is_batched(params) else "dense"
-        by_kind[kind] += count * _best_call_s(*dot_program(lhs, rhs, params, repeats), runs)
-    by_kind = {kind: s / repeats for kind, s in by_kind.items()}
+        distinct.setdefault(key, [0, eqn])[0] += times
+    by_kind, rows = {"dense": 0.0, "batched": 0.0}, []  # the kinds as profile_step splits them
+    for count, eqn in distinct.values():
+        lhs, rhs = (v.aval for v in eqn.invars)
+        kind = "batched" if is_batched(eqn.params) else "dense"
+        call_s = _best_call_s(*dot_program(lhs, rhs, eqn.params, repeats), runs) / repeats
+        by_kind[kind] += count * call_s
+        rows.append({"op": str(eqn.source_info.name_stack), "kind": kind,
+                     "lhs": list(lhs.shape), "rhs": list(rhs.shape), "runs": count,
+                     "us_per_run": 1e6 * call_s, "gflops_alone": dot_flops(eqn) / call_s / 1e9,
+                     "floor_ms": 1e3 * count * call_s})  # fmt: skip
     return {
         "matmul_floor_s": sum(by_kind.values()),
         "matmul_floor_s_by_kind": by_kind,
         "distinct_matmuls": len(distinct),
+        "matmul_floor_top": sorted(rows, key=lambda r: -r["floor_ms"])[:top],
     }

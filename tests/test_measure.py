@@ -99,3 +99,9 @@ def test_the_matmul_floor_times_each_distinct_matmul_once_and_counts_its_runs(mo
     np.testing.assert_allclose(by_kind["dense"], (10 * 32e-3 + 8e-3) / 8, rtol=1e-12)
     np.testing.assert_allclose(by_kind["batched"], 4e-3 / 8, rtol=1e-12)
     assert got["matmul_floor_s"] == by_kind["dense"] + by_kind["batched"]
+    top = [(r["kind"], r["lhs"], r["rhs"], r["runs"]) for r in got["matmul_floor_top"]]
+    assert top == [("dense", [16, 32], [32, 32], 10), ("dense", [16, 32], [32, 8], 1),
+                   ("batched", [2, 16, 32], [2, 32, 4], 1)]  # fmt: skip
+    first = got["matmul_floor_top"][0]  # 32e-3 s per call of 8 matmuls, run 10 times
+    np.testing.assert_allclose([first["us_per_run"], first["floor_ms"]], [4000, 40], rtol=1e-12)
+    np.testing.assert_allclose(first["gflops_alone"], 2 * 16 * 32 * 32 / 4e-3 / 1e9, rtol=1e-12)
