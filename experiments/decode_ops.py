@@ -206,9 +206,11 @@ def members_counts() -> list[int]:
     except ValueError:
         given = ",".join(FLAGS.members)
         raise app.UsageError(f"--members={given}: give integers, e.g. 1,4,16") from None
+    if not counts:
+        raise app.UsageError("--members is empty: give counts, e.g. 1,4,16")
     bad = [m for m in counts if m < 1 or FLAGS.group % m]
-    if bad or not counts:
-        raise app.UsageError(f"--members: {bad or 'none'} do not divide --group={FLAGS.group}")
+    if bad:
+        raise app.UsageError(f"--members: {bad} do not divide --group={FLAGS.group}")
     return counts
 
 
