@@ -29,7 +29,6 @@ Pallas kernel per layer (``pallas``: decode_kernel.py, a CUDA GPU).
 Params are float32; activations use ``dtype`` (float32 or bfloat16); logits come out float32.
 """
 
-import functools
 from typing import Any, NamedTuple
 
 import flax.linen as nn
@@ -58,39 +57,6 @@ class Prefix(NamedTuple):
     kv: KV
     mask: jax.Array  # [B, P] bool
     length: jax.Array  # [B] int32
-
-
-_ROWS = (((1,), (0,)), ((), ()))  # [N, din] @ [din, dout]: Dense on rows
-
-
-@functools.partial(jax.custom_vjp, nondiff_argnums=(2, 3))
-def rows_dot(x, w, dimension_numbers=_ROWS, precision=None):
-    """``x [N, din] @ w [din, dout]`` for flax's ``Dense(dot_general=...)``; its weight
-    gradient contracts the N rows with the narrower of x and the cotangent as the left
-    operand. JAX's own rule puts the cotangent first, and XLA:CPU contracts rows at a rate
-    set by the left operand's width: fc's [4416, 512]^T . [4416, 128] took 2.79 ms alone,
-    [4416, 128]^T . [4416, 512] 1.77 (README, "the weight gradients")."""
-    if dimension_numbers != _ROWS or x.ndim != 2:
-        raise ValueError(f"rows_dot takes [N, din] @ [din, dout], not {dimension_numbers}")
-    return jax.lax.dot_general(x, w, _ROWS, precision=precision)
-
-
-def _rows_dot_fwd(x, w, dimension_numbers, precision):
-    return rows_dot(x, w, dimension_numbers, precision), (x, w)
-
-
-def _rows_dot_bwd(dimension_numbers, precision, res, dy):
-    x, w = res
-    rows = (((0,), (0,)), ((), ()))
-    dx = jax.lax.dot_general(dy, w, (((1,), (1,)), ((), ())), precision=precision)
-    if x.shape[1] <= dy.shape[1]:
-        dw = jax.lax.dot_general(x, dy, rows, precision=precision)
-    else:
-        dw = jax.lax.dot_general(dy, x, rows, precision=precision).T
-    return dx.astype(x.dtype), dw.astype(w.dtype)
-
-
-rows_dot.defvjp(_rows_dot_fwd, _rows_dot_bwd)
 
 
 def _attention(q, pk, pv, pmask, sk, sv, self_mask, dtype):
@@ -194,9 +160,7 @@ class Block(nn.Module):
         """
         b, g, t, _ = x.shape
         hd = self.d_model // self.num_heads
-        dense = lambda n, name: nn.Dense(
-            n, dtype=self.dtype, param_dtype=jnp.float32, dot_general=rows_dot, name=name
-        )
+        dense = lambda n, name: nn.Dense(n, dtype=self.dtype, param_dtype=jnp.float32, name=name)
         drop = nn.Dropout(self.dropout, deterministic=deterministic)
 
         # the dense layers and norms see [B*G*T, D] rows: a 2-D matmul's weight gradient is
