@@ -30,7 +30,13 @@ def test_versus_trl_record_renders_to_its_markdown(tmp_path):
 
 
 @pytest.mark.parametrize(
-    "name", ["roofline_cpu", "roofline_cpu_avx512", "roofline_cpu_avx512_jax012"]
+    "name",
+    [
+        "roofline_cpu",
+        "roofline_cpu_avx512",
+        "roofline_cpu_avx512_jax012",
+        "roofline_cpu_avx512_rows",
+    ],
 )
 def test_cpu_roofline_record_renders_to_its_markdown(name):
     record = RESULTS / f"{name}.json"
