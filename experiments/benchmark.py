@@ -33,7 +33,6 @@ from measure import (
     memory,
     run_steps,
     step_flops,
-    time_train_step,
     timed,
 )
 from ml_collections import config_flags
@@ -185,9 +184,10 @@ def per_device(config, task, mesh, peaks, horizon: int) -> dict:
     }
 
 
-def record(config, task, state, mesh, n_params, measured: dict) -> dict:
+def record(config, task, state, batch, mesh, n_params, measured: dict) -> dict:
     """The JSON line: the run's identity and what main() ``measured`` (compile_s,
-    step_times_s, memory, peaks, breakdown, loss, cpu_buffers, roofline or None)."""
+    step_times_s, memory, peaks, breakdown, loss, cpu_buffers, roofline or None); ``batch``:
+    the rollout's output shapes."""
     dev = jax.devices()[0]
     med = statistics.median(measured["step_times_s"])
     res = {
@@ -214,7 +214,8 @@ def record(config, task, state, mesh, n_params, measured: dict) -> dict:
         res["roofline"] = measured["roofline"]
     res["mesh"] = sharding.describe(mesh) if mesh is not None else "none (plain jit)"
     if mesh is not None and jax.device_count() > 1:
-        res["per_device"] = per_device(config, task, mesh, measured["peaks"], measured["horizon"])
+        horizon = completion_length(batch)
+        res["per_device"] = per_device(config, task, mesh, measured["peaks"], horizon)
     return res
 
 
@@ -281,7 +282,8 @@ def main(argv):
     if FLAGS.compile_only:
         if not hasattr(jstep, "lower"):
             raise app.UsageError("--compile_only: a Python reward splits the step in two programs")
-        compiled, _, _, compile_s, _ = time_train_step(jstep, state, inputs, 0, 0)  # no run
+        with device_lock.shared():
+            compiled, _, compile_s = compile_step(jstep, state, inputs)
         print(json.dumps({"params": n_params, "compile_s": compile_s, **memory(compiled)}))
         return
     batch = jax.eval_shape(step.rollout, state, inputs)  # its shapes, traced once
@@ -305,13 +307,12 @@ def main(argv):
             "loss": float(metrics["loss"]),
             "cpu_buffers": cpu_buffers,
             "roofline": None,
-            "horizon": completion_length(batch),
         }
         measured["breakdown"] = breakdown(halves, step, state, inputs, FLAGS.breakdown_runs)
     if FLAGS.roofline and step.host is None and compiled is not None:
         med = statistics.median(times)
         measured["roofline"] = roofline(config, task, step, state, inputs, batch, compiled, med)
-    res = record(config, task, state, mesh, n_params, measured)
+    res = record(config, task, state, batch, mesh, n_params, measured)
     report(res)
     line = json.dumps(res)
     if FLAGS.out:
