@@ -26,6 +26,7 @@ import device_lock
 import jax
 from absl import app, flags
 from measure import (
+    build_step,
     compile_step,
     configure_host,
     matmul_floor,
@@ -37,8 +38,7 @@ from measure import (
 )
 from ml_collections import config_flags
 
-from grpo_jax import sharding, trainer
-from grpo_jax.tasks import build_task
+from grpo_jax import sharding
 
 FLAGS = flags.FLAGS
 config_flags.DEFINE_config_file("config", None, "Config file (path[:variant,...]).")
@@ -140,31 +140,6 @@ def roofline(config, task, step, state, inputs, batch, compiled, step_s):
         out.update(matmul_floor(step.fused, state, inputs))
         out["floor_gflops"] = counts["matmul_flops"] / out["matmul_floor_s"] / 1e9
     return out
-
-
-def build(config):
-    """(task, step, jitted step, state, inputs, mesh, params count) as the trainer builds
-    them: on config.mesh (sharded state and inputs, member shard_map) or, --nomesh, plain jit."""
-    task = build_task(config, "train")
-    params0 = trainer.initial_params(config, task)
-    n_params = sum(x.size for x in jax.tree.leaves(params0))
-    mesh = sharding.make_mesh(config.get("mesh")) if FLAGS.mesh else None
-    if mesh is not None:
-        sharding.check_batch(config.train.batch_size, mesh)
-        step, inputs = task.build(params0, mesh=mesh)
-        fsdp = bool(config.mesh.shard_params)
-        jstep, state, inputs, _ = sharding.jit_step(
-            step, mesh, task.make_state(params0), inputs, fsdp
-        )
-    else:
-        step, inputs = task.build(params0)
-        state = task.make_state(params0)
-        if step.host is None:  # one program: rollout, rewards and update, state donated
-            jstep = jax.jit(step.fused, donate_argnums=0)
-        else:  # a Python reward splits the step: sharding.jit_step on one device
-            one = sharding.make_mesh(None, jax.devices()[:1])
-            jstep, state, inputs, _ = sharding.jit_step(step, one, state, inputs)
-    return task, step, jstep, state, inputs, mesh, int(n_params)
 
 
 def completion_length(batch) -> int:
@@ -278,7 +253,7 @@ def main(argv):
         raise app.UsageError(f"unexpected arguments: {argv[1:]}")
     config = FLAGS.config
     cpu_buffers = configure_host(config)
-    task, step, jstep, state, inputs, mesh, n_params = build(config)
+    task, step, jstep, state, inputs, mesh, n_params = build_step(config, FLAGS.mesh)
     if FLAGS.compile_only:
         if not hasattr(jstep, "lower"):
             raise app.UsageError("--compile_only: a Python reward splits the step in two programs")

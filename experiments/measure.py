@@ -1,4 +1,4 @@
-"""Measurement helpers shared by experiments/benchmark.py and experiments/scaling.py."""
+"""Measurement helpers shared by experiments/benchmark.py, profile_step.py and scaling.py."""
 
 import math
 import resource
@@ -7,6 +7,9 @@ import time
 import device_lock
 import jax
 import jax.numpy as jnp
+
+from grpo_jax import sharding, trainer
+from grpo_jax.tasks import build_task
 
 
 def configure_host(config) -> str:
@@ -20,6 +23,32 @@ def configure_host(config) -> str:
 
     applied = host.configure(config)
     return config.cpu_buffers if applied or config.cpu_buffers == "release" else "not applied"
+
+
+def build_step(config, on_mesh: bool = True):
+    """(task, step, jitted step, state, inputs, mesh, params count) as the trainer builds
+    them: on config.mesh (sharded state and inputs, member shard_map) or, not ``on_mesh``,
+    plain jit (mesh None)."""
+    task = build_task(config, "train")
+    params0 = trainer.initial_params(config, task)
+    n_params = sum(x.size for x in jax.tree.leaves(params0))
+    mesh = sharding.make_mesh(config.get("mesh")) if on_mesh else None
+    if mesh is not None:
+        sharding.check_batch(config.train.batch_size, mesh)
+        step, inputs = task.build(params0, mesh=mesh)
+        fsdp = bool(config.mesh.shard_params)
+        jstep, state, inputs, _ = sharding.jit_step(
+            step, mesh, task.make_state(params0), inputs, fsdp
+        )
+    else:
+        step, inputs = task.build(params0)
+        state = task.make_state(params0)
+        if step.host is None:  # one program: rollout, rewards and update, state donated
+            jstep = jax.jit(step.fused, donate_argnums=0)
+        else:  # a Python reward splits the step: sharding.jit_step on one device
+            one = sharding.make_mesh(None, jax.devices()[:1])
+            jstep, state, inputs, _ = sharding.jit_step(step, one, state, inputs)
+    return task, step, jstep, state, inputs, mesh, int(n_params)
 
 
 def timed(fn, *args, runs=1):
@@ -108,8 +137,8 @@ def _sub_jaxprs(eqn):
     if name == "cond":  # one branch runs: the most expensive one bounds it
         return [(max((br.jaxpr for br in p["branches"]), key=matmul_flops_of), 1)]
     times = p["length"] if name == "scan" else 1
-    if name == "shard_map":  # the body sees one device's block; every device runs it
-        times = p["mesh"].size
+    if name == "shard_map":
+        times = manual_devices(p)
     out = []
     for v in p.values():
         for x in v if isinstance(v, (tuple, list)) else (v,):
@@ -117,6 +146,19 @@ def _sub_jaxprs(eqn):
             if hasattr(inner, "eqns"):
                 out.append((inner, times))
     return out
+
+
+def manual_devices(params: dict) -> int:
+    """How many blocks of a shard_map's body its mesh runs: the product of the sizes of its
+    manual axes. The body's shapes are one device's block along those axes only; along the
+    mesh's automatic ones (the member map leaves ``data`` to the partitioner) they are whole,
+    and the partitioner splits that work over the devices without repeating it, so counting
+    every device of the mesh would count it once per automatic shard too. jax 0.10 names
+    the axes ``newly_manual_axes``, jax 0.6 ``manual_axes``."""
+    for key in ("newly_manual_axes", "manual_axes"):
+        if key in params:
+            return math.prod(params["mesh"].shape[a] for a in params[key])
+    raise KeyError(f"a shard_map equation without its manual axes: {sorted(params)}")
 
 
 def is_batched(params: dict) -> bool:

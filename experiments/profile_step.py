@@ -1,19 +1,19 @@
 """Where one GRPO step's time goes: a jax.profiler trace of the jitted step, summed per kind
 of work and per stage of the step.
 
-The step is built as experiments/benchmark.py builds it (the task's own ``task.build``), jitted
-once (``jax.jit(step.fused, donate_argnums=0)``: rollout, rewards and update in one program),
-warmed up, then ``--steps`` steps run under ``jax.profiler.trace`` (no Python tracer). XLA:CPU
-executes a program as thunks, one per HLO instruction (a fusion, a matmul, a copy), and the
-trace times each one (its ``hlo_op``); this script maps every thunk to its instruction in the
-compiled HLO and classifies it (on a GPU or TPU only the device tracks' kernels count, each
-named by the ``hlo_op`` it runs). XLA:GPU launches runs of kernels as CUDA graphs (command
-buffers), whose kernels the trace names by the graph's thunk, no instruction: on one H100
-(2026-11-26) 15.6 of the step's 19.9 ms went to ``command_buffer_*`` and none was attributed.
-This script turns them off (``--xla_gpu_enable_command_buffer=`` in XLA_FLAGS, recorded in
-``xla_flags``; a no-op elsewhere), so its GPU wall time includes launches a graph would
-save: the attribution is the point, benchmark.py's time the step's. With them off, one H100
-(2026-11-27) attributed 388.50 of the large step's 388.63 kernel-ms to instructions.
+The step is built as experiments/benchmark.py builds it (measure.build_step: the task's own
+``task.build`` on ``config.mesh``), jitted once (rollout, rewards and update in one program,
+the state donated), warmed up, then ``--steps`` steps run under ``jax.profiler.trace`` (no
+Python tracer). XLA:CPU executes a program as thunks, one per HLO instruction (a fusion, a
+matmul, a copy), and the trace times each one (its ``hlo_op``); this script maps every thunk to
+its instruction in the compiled HLO and classifies it (on a GPU or TPU only the device tracks'
+kernels count, each named by the ``hlo_op`` it runs). XLA:GPU launches runs of kernels as CUDA
+graphs (command buffers), whose kernels the trace names by the graph's thunk, no instruction:
+on one H100 (2026-11-26) 15.6 of the step's 19.9 ms went to ``command_buffer_*`` and none was
+attributed. This script turns them off (``--xla_gpu_enable_command_buffer=`` in XLA_FLAGS,
+recorded in ``xla_flags``; a no-op elsewhere), so its GPU wall time includes launches a graph
+would save: the attribution is the point, benchmark.py's time the step's. With them off, one
+H100 (2026-11-27) attributed 388.50 of the large step's 388.63 kernel-ms to instructions.
 
 - kind: ``matmul`` (a dot, a YNNPACK or Triton fusion holding one: such a fusion may hold
   several matmuls and the elementwise work between them, or a cuBLAS GEMM custom-call),
@@ -29,7 +29,8 @@ save: the attribution is the point, benchmark.py's time the step's. With them of
   forward``, ``update: backward``, ``update: reference`` (exact KL estimators), ``update:
   optimizer``, ``update: other``; ``other``: what XLA left unnamed.
 
-Figures are thunk-ms per step: the sum of the thunks' own durations. Independent thunks run
+Figures are thunk-ms per step: the sum of the thunks' own durations (on a mesh of several
+devices, summed over the devices: each runs its own shard's thunks). Independent thunks run
 concurrently on the CPU's threads (the sum can exceed the wall time; both are reported) and one
 thunk may use several threads, so a share is a share of the program's busy time, not of cores.
 Beside them, the step's matmul FLOPs (measure.matmul_flops_of, dense and batched apart) give
@@ -56,7 +57,7 @@ from pathlib import Path
 import device_lock
 import jax
 from absl import app, flags
-from measure import configure_host, matmul_flops_of
+from measure import build_step, configure_host, matmul_flops_of
 from ml_collections import config_flags
 from xla_profile import (
     KIND_BATCHED,
@@ -67,9 +68,6 @@ from xla_profile import (
     thunk_times,
     traced,
 )
-
-from grpo_jax import trainer
-from grpo_jax.tasks import build_task
 
 FLAGS = flags.FLAGS
 config_flags.DEFINE_config_file("config", None, "Config file (path[:variant,...]).")
@@ -85,21 +83,19 @@ flags.DEFINE_integer("top", 15, "Instructions listed in the markdown.", lower_bo
 
 
 def trace_step(config, steps: int, warmup: int):
-    """Builds, compiles and traces the step; returns (compiled HLO text, trace dir, wall s per
-    step, matmul FLOPs per step by kind)."""
-    task = build_task(config, "train")
-    params0 = trainer.initial_params(config, task)
-    step, inputs = task.build(params0)
+    """Builds (on config.mesh, as benchmark.py does), compiles and traces the step; returns
+    (compiled HLO text, trace dir, wall s per step, matmul FLOPs per step by kind)."""
+    _, step, jstep, state, inputs, _, _ = build_step(config)
     if step.host is not None:
         raise app.UsageError(
             "a Python reward splits the step in two programs: profile the device part with a "
             "jittable reward (--config.reward.terms)"
         )
-    state = [task.make_state(params0)]  # each step consumes (donates) the state it is given
+    state = [state]  # each step consumes (donates) the state it is given
     jaxpr = jax.make_jaxpr(step.fused)(state[0], inputs).jaxpr
     flops = {k: matmul_flops_of(jaxpr, b) for k, b in KIND_BATCHED.items()}
     with device_lock.shared():
-        compiled = jax.jit(step.fused, donate_argnums=0).lower(state[0], inputs).compile()
+        compiled = jstep.lower(state[0], inputs).compile()
 
     def run():
         state[0] = jax.block_until_ready(compiled(state[0], inputs))[0]

@@ -105,3 +105,27 @@ def test_the_matmul_floor_times_each_distinct_matmul_once_and_counts_its_runs(mo
     first = got["matmul_floor_top"][0]  # 32e-3 s per call of 8 matmuls, run 10 times
     np.testing.assert_allclose([first["us_per_run"], first["floor_ms"]], [4000, 40], rtol=1e-12)
     np.testing.assert_allclose(first["gflops_alone"], 2 * 16 * 32 * 32 / 4e-3 / 1e9, rtol=1e-12)
+
+
+def test_a_shard_map_body_counts_once_per_block_of_its_manual_axes():
+    """The member map's shard_map is manual over ``member`` only: its body's shapes are one
+    member block's but the whole batch along ``data``, which the partitioner splits without
+    repeating it. Its FLOPs are the body's times the member axis (3), not times the whole mesh
+    (6): the plain computation's. Fully manual, the body sees a [4, 2] block and every one of
+    the 6 devices runs it. Traced on an abstract mesh: no devices needed."""
+    from jax.sharding import AbstractMesh
+    from jax.sharding import PartitionSpec as P
+    from measure import matmul_flops_of
+
+    mesh = AbstractMesh((2, 3), ("data", "member"))
+    gram = lambda x: x @ x.T  # [rows, cols] -> [rows, rows], 2 * rows * rows * cols FLOPs
+    x = jnp.ones((8, 6))
+
+    def flops(spec, axes):
+        f = jax.shard_map(
+            gram, mesh=mesh, in_specs=spec, out_specs=spec, axis_names=axes, check_vma=False
+        )
+        return matmul_flops_of(jax.make_jaxpr(f)(x).jaxpr)
+
+    assert flops(P(None, "member"), frozenset({"member"})) == 3 * (2 * 8 * 8 * 2)
+    assert flops(P("data", "member"), frozenset({"data", "member"})) == 6 * (2 * 4 * 4 * 2)

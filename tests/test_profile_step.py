@@ -219,3 +219,34 @@ def test_one_op_sums_over_its_layers_and_loop_segments():
         dict(op="update/optimizer/add", kind="elementwise", stage="update: optimizer",
              thunk_ms=4.0, instructions=1),
     ]  # fmt: skip
+
+
+def test_the_script_profiles_the_step_on_the_configs_mesh(tmp_path, shakespeare_path, monkeypatch):
+    """``--config.mesh.data=2`` on 2 (fake) devices profiles the 2-device program the trainer
+    runs (the HLO module partitioned in 2), not a 1-device one over the whole batch, and its
+    matmul FLOPs are the same step's as counted on one device: the member shard_map's body
+    counts once per member block, not once per device. A real subprocess (its own devices)."""
+    import os
+    import subprocess
+
+    from measure import build_step, matmul_flops_of
+
+    from grpo_jax.configs.shakespeare import get_config
+
+    root = Path(__file__).resolve().parents[1]
+    env = {**os.environ, "GRPO_JAX_DATA": str(shakespeare_path), "JAX_PLATFORMS": "cpu",
+           "XLA_FLAGS": "--xla_force_host_platform_device_count=2"}  # fmt: skip
+    cmd = [sys.executable, "experiments/profile_step.py",
+           "--config=configs/shakespeare.py:tiny,sampled", "--config.mesh.data=2", "--steps=1",
+           "--warmup=0", "--hlo", "--name=p", f"--out_dir={tmp_path}"]  # fmt: skip
+    done = subprocess.run(cmd, cwd=root, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    res = json.loads((tmp_path / "p.json").read_text())
+    assert res["device"] == "2 x cpu"
+    assert "num_partitions=2" in (tmp_path / "p.hlo.txt").read_text().split("\n", 1)[0]
+
+    monkeypatch.setenv("GRPO_JAX_DATA", str(shakespeare_path))
+    _, step, _, state, inputs, _, _ = build_step(get_config("tiny,sampled"), on_mesh=False)
+    want = matmul_flops_of(jax.make_jaxpr(step.fused)(state, inputs).jaxpr)
+    got = sum(res["matmul_gflop_per_step"].values()) * 1e9
+    assert got == pytest.approx(want, rel=1e-9) and want > 0
