@@ -9,7 +9,15 @@ import numpy as np
 import pytest
 
 from grpo_jax import rollout as ro
-from grpo_jax.model import Transformer, empty_cache, group_logits, init_params
+from grpo_jax.model import (
+    ONE_HOT_GRAD_ROWS,
+    Transformer,
+    _one_hot_grad_take,
+    empty_cache,
+    group_logits,
+    init_params,
+    lookup,
+)
 from grpo_jax.policy import TokenPrompts, rollout, transformer_policy
 
 pytestmark = pytest.mark.usefixtures("fast_compiles")  # conftest.py
@@ -110,6 +118,28 @@ def test_bfloat16_lookup_sums_its_gradient_rows_in_float32():
     g32 = table_grad(jnp.float32, tokens, cot.astype(jnp.float32))
     assert g16.dtype == jnp.float32 and float(jnp.abs(g32[:3]).min()) > 0
     np.testing.assert_allclose(g16, g32, rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("rows", [65, ONE_HOT_GRAD_ROWS + 1])
+def test_a_small_tables_lookup_gradient_is_a_matmul_off_a_cpu_equal_to_the_scatter(rows):
+    """lookup's gradient, lowered for a GPU or a TPU (no device needed), is one dot_general and
+    no scatter up to ONE_HOT_GRAD_ROWS rows, jnp.take's scatter-add above; for a CPU always
+    the scatter. The matmul's gradient equals the scatter's (3 of every 4 tokens are one
+    char, so its row sums hundreds of terms), and the CPU's is jnp.take's, bit for bit."""
+    k1, k2, k3 = jax.random.split(jax.random.PRNGKey(4), 3)
+    table = jax.random.normal(k1, (rows, 16))
+    ids = jnp.where(jax.random.uniform(k2, (4, 8, 30)) < 0.75, 1, jnp.arange(30) * 7 % rows)
+    cot = jax.random.normal(k3, (4, 8, 30, 16))
+    grad = lambda take: jax.jit(jax.grad(lambda t: jnp.sum(take(t, ids) * cot)))
+    plain = grad(lambda t, i: jnp.take(t, i, axis=0))(table)
+    matmul = grad(lambda t, i: _one_hot_grad_take(t, i, rows))(table)
+    assert int(jnp.sum(ids == 1)) > 500  # the cotangents one row sums
+    np.testing.assert_allclose(matmul, plain, rtol=1e-5, atol=1e-5)
+    np.testing.assert_array_equal(grad(lookup)(table), plain)  # this CPU's
+    for platform in ("cpu", "cuda", "tpu"):
+        hlo = grad(lookup).trace(table).lower(lowering_platforms=(platform,)).as_text()
+        small = rows <= ONE_HOT_GRAD_ROWS and platform != "cpu"
+        assert ("stablehlo.scatter" in hlo) != small and ("dot_general" in hlo) == small
 
 
 def test_blocked_sampler_matches_a_float64_inverse_cdf_across_blocks():
