@@ -113,11 +113,11 @@ def test_a_shard_map_body_counts_once_per_block_of_its_manual_axes():
     repeating it. Its FLOPs are the body's times the member axis (3), not times the whole mesh
     (6): the plain computation's. Fully manual, the body sees a [4, 2] block and every one of
     the 6 devices runs it. Traced on an abstract mesh: no devices needed."""
-    from jax.sharding import AbstractMesh
+    from jax.sharding import AbstractMesh, AxisType
     from jax.sharding import PartitionSpec as P
     from measure import matmul_flops_of
 
-    mesh = AbstractMesh((2, 3), ("data", "member"))
+    mesh = AbstractMesh((2, 3), ("data", "member"), axis_types=(AxisType.Auto,) * 2)
     gram = lambda x: x @ x.T  # [rows, cols] -> [rows, rows], 2 * rows * rows * cols FLOPs
     x = jnp.ones((8, 6))
 
