@@ -134,7 +134,10 @@ def memory(compiled):
 def _sub_jaxprs(eqn):
     """(jaxpr, multiplier) of every sub-computation of one equation."""
     name, p = eqn.primitive.name, eqn.params
-    if name == "cond":  # one branch runs: the most expensive one bounds it
+    if name == "cond":  # one branch runs: this backend's, else the most expensive bounds it
+        i = platform_branch(p)
+        if i is not None:
+            return [(p["branches"][i].jaxpr, 1)]
         return [(max((br.jaxpr for br in p["branches"]), key=matmul_flops_of), 1)]
     times = p["length"] if name == "scan" else 1
     if name == "shard_map":
@@ -146,6 +149,22 @@ def _sub_jaxprs(eqn):
             if hasattr(inner, "eqns"):
                 out.append((inner, times))
     return out
+
+
+def platform_branch(params: dict) -> int | None:
+    """The branch of a ``lax.platform_dependent`` cond that this process's backend runs (its
+    ``branches_platforms`` name lowering platforms, None the default), or None for any other
+    cond. The count is this backend's: a CPU counting a GPU config (--flops_only) misses what
+    only the GPU branch runs (model.lookup's one-hot gradient matmul)."""
+    plats = params.get("branches_platforms")
+    if not plats:
+        return None
+    backend = jax.default_backend()
+    here = {backend} | ({"cuda", "rocm"} if backend == "gpu" else set())
+    for i, names in enumerate(plats):
+        if names is not None and here & set(names):
+            return i
+    return plats.index(None)
 
 
 def manual_devices(params: dict) -> int:

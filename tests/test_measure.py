@@ -129,3 +129,18 @@ def test_a_shard_map_body_counts_once_per_block_of_its_manual_axes():
 
     assert flops(P(None, "member"), frozenset({"member"})) == 3 * (2 * 8 * 8 * 2)
     assert flops(P("data", "member"), frozenset({"data", "member"})) == 6 * (2 * 4 * 4 * 2)
+
+
+def test_a_platform_dependent_branch_counts_as_this_backend_runs_it():
+    """lax.platform_dependent (model.lookup's gradient) runs one branch per backend: a CPU
+    counts its own (no matmul here), not the GPU's matmul; a data-dependent cond still
+    counts its most expensive branch."""
+    from measure import matmul_flops_of
+
+    x = jnp.ones((8, 8))
+    square = lambda x: x @ x  # 2 * 8 * 8 * 8 FLOPs
+    by_platform = lambda x: jax.lax.platform_dependent(x, cpu=jnp.tanh, default=square)
+    by_value = lambda x: jax.lax.cond(x[0, 0] > 0, square, jnp.tanh, x)
+    assert jax.default_backend() == "cpu"
+    assert matmul_flops_of(jax.make_jaxpr(by_platform)(x).jaxpr) == 0
+    assert matmul_flops_of(jax.make_jaxpr(by_value)(x).jaxpr) == 2 * 8 * 8 * 8
