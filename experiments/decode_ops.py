@@ -21,10 +21,9 @@ prompt's keys and the member's own, one query per member:
 - ``pallas_m<M>``, one per ``--members`` count M: grpo_jax/decode_kernel.py
   (``model.decode_kernel=pallas``), one Pallas kernel (Triton backend) per decode step and
   layer, a program per (prompt, head, M members): the prompt's keys, shared by its members,
-  then only each member's written slots,
-  a chunk of keys at a time under an online softmax. It reads the own cache up to the step's
-  slot, where the forms above read all S slots every step. On a CPU it runs interpreted
-  (``pallas_interpreted``; its time there means nothing).
+  then only each member's written slots, a chunk of keys at a time under an online softmax. It
+  reads the own cache up to the step's slot, where the forms above read all S slots every step.
+  On a CPU it runs interpreted (``pallas_interpreted``; its time there means nothing).
 
 Each runs ``--steps`` decode steps in one jitted ``fori_loop`` (the cache donated): step i
 writes its key and value at slot i and attends to slots <= i, as the decode loop does. Per
@@ -230,7 +229,8 @@ def main(argv):
     # the least a step reads: the prompt's keys and values, the whole static member cache
     step_bytes = item * (2 * b * h * FLAGS.prompt_len * d + 2 * b * g * h * FLAGS.cache * d)
     results, want = {}, None
-    for variant in (*XLA_FORMS, *(f"pallas_m{m}" for m in members_counts())):
+    members = members_counts()
+    for variant in (*XLA_FORMS, *(f"pallas_m{m}" for m in members)):
         res = measure(variant, args, empty, want)
         want = res.pop("output", want) if variant == "model" else want
         res.pop("output", None)
@@ -245,7 +245,7 @@ def main(argv):
         "dtype": FLAGS.dtype,
         "command": " ".join(["python experiments/decode_ops.py", *sys.argv[1:]]),
         "shapes": dict(B=b, G=g, h=h, d=d, P=FLAGS.prompt_len, S=FLAGS.cache, steps=FLAGS.steps),
-        "pallas": dict(members=members_counts(), warps=FLAGS.warps),
+        "pallas": dict(members=members, warps=FLAGS.warps),
         "step_bytes": step_bytes,
         "pallas_interpreted": jax.default_backend() == "cpu",
         "variants": results,

@@ -107,25 +107,27 @@ def _one_hot_grad_take(table, ids, rows: int):
     return jnp.take(table, ids, axis=0)
 
 
-def _take_bwd(rows, ids, g):
+def _one_hot_bwd(rows, ids, g):
     onehot = jax.nn.one_hot(ids.reshape(-1), rows, dtype=g.dtype)
     hi = jax.lax.Precision.HIGHEST  # no TF32 rounding of the cotangents on a GPU
     return jnp.einsum("nv,nd->vd", onehot, g.reshape(-1, g.shape[-1]), precision=hi), None
 
 
 # forward: the plain take, keeping the ids for the backward
-_one_hot_grad_take.defvjp(lambda t, ids, rows: (jnp.take(t, ids, axis=0), ids), _take_bwd)
+_one_hot_grad_take.defvjp(lambda t, ids, rows: (jnp.take(t, ids, axis=0), ids), _one_hot_bwd)
 
 
 def lookup(table, ids):
     """``table[ids]``, as ``jnp.take``. Its gradient sums each token's cotangent into its row:
     a scatter-add, whose writes collide when a small table meets many tokens (on one H100 the
     12 x 768 model's in bfloat16, 32,768 tokens into 65 rows, took 19.9 ms of its step), summed
-    by a GPU's atomics in no fixed order. Off a CPU (T5X's ``Embed(one_hot=True)`` on TPUs),
-    tables of up to ONE_HOT_GRAD_ROWS rows take it as one matmul, one_hot(ids)ᵀ · cotangent at
-    HIGHEST precision: the tied logits' FLOPs, in a fixed order, equal to the scatter's (test).
-    A CPU keeps the scatter (nearly free there: the matmul was no faster in 7 alternating runs
-    of the TRL-comparable step), as do larger tables, whose one-hot operand grows with them."""
+    by a GPU's atomics in no fixed order. Off a CPU, tables of up to ONE_HOT_GRAD_ROWS rows
+    take it as one matmul, one_hot(ids)ᵀ · cotangent at HIGHEST precision: the tied logits'
+    FLOPs, in a fixed order, equal to the scatter's (test); the forward stays a gather (T5X's
+    ``Embed(one_hot=True)`` contracts with a one-hot in the forward too, for SPMD
+    partitioning). A CPU keeps the scatter (nearly free there: the matmul was no faster in 7
+    alternating runs of the TRL-comparable step), as do larger tables, whose one-hot operand
+    grows with them."""
     if table.shape[0] > ONE_HOT_GRAD_ROWS:
         return jnp.take(table, ids, axis=0)
     return jax.lax.platform_dependent(
@@ -289,7 +291,7 @@ class Transformer(nn.Module):
         token's cotangent into its row (a scatter-add), and a frequent char's row collects
         thousands of terms, which a bfloat16 running sum (8 bits) rounds away: 4 % relative
         error in the table's gradient at 4,096 tokens of 3 chars, none in float32 (test).
-        A small table's sum runs as a matmul instead of a scatter-add (lookup)."""
+        Off a CPU a small table's sum runs as a matmul instead (lookup)."""
         tok = lookup(self.embed.embedding, tokens).astype(self.dtype)
         pos = jnp.take(self.pos, positions, axis=0, mode="clip").astype(self.dtype)
         return self.drop(tok + pos, deterministic=deterministic)

@@ -4,6 +4,8 @@ the "rollout" scope, a transpose)."""
 
 import gzip
 import json
+import os
+import subprocess
 import sys
 from pathlib import Path
 
@@ -226,9 +228,6 @@ def test_the_script_profiles_the_step_on_the_configs_mesh(tmp_path, shakespeare_
     runs (the HLO module partitioned in 2), not a 1-device one over the whole batch, and its
     matmul FLOPs are the same step's as counted on one device: the member shard_map's body
     counts once per member block, not once per device. A real subprocess (its own devices)."""
-    import os
-    import subprocess
-
     from measure import build_step, matmul_flops_of
 
     from grpo_jax.configs.shakespeare import get_config
