@@ -38,7 +38,8 @@ the cache key). ``--jobs=1`` runs them one at a time.
   chunks for an 80 GB GPU), with the frozen-policy KL reference and k3: time per iteration,
   peak bytes, MFU, beside the guide's 6 s / 12 GB, 24 s / 48 GB, 95 s / 190 GB, "infeasible".
 - ``large``: a 12-layer x 768 x 12-head char GPT, context 256, horizon 128, G = 16, bfloat16
-  compute, through benchmark.py at 16 and 32 prompts per step (keyed by prompts): MFU of the
+  compute, through benchmark.py at 16 prompts per step (``--large_batches=16,32`` adds 32,
+  each keyed by prompts; one H100 ran the default suite with it in 497 s): MFU of the
   rollout and of the update separately (benchmark.py's ``breakdown`` times and FLOP counts of
   each half), and the rollout's floor on the device's nominal peak and HBM bandwidth
   (gpu_suite_parts.rollout_floor).
@@ -74,7 +75,10 @@ two at a time with the device lock, into a fresh temporary directory unless --ou
 given: the step in float32 only (bfloat16 runs in the large part, 2 layers x 64), V = 65 and
 256 (chunked) on 1 layer; targets "n/a (smoke)". tests/test_gpu_suite.py runs all six.
 
-On a lent GPU machine (one call at most 600 s, 15 minutes of device time a session, a
+``--plan_only`` prints the children in the order they are offered, each with one H100's
+time and bytes (gpu_suite_plan.H100_EXPECT, the 2026-11-27 lease's), and the wall time those
+schedule to (gpu_suite_plan.expected_wall: an estimate, to cut a lease's plan to), without a
+device. On a lent GPU machine (one call at most 600 s, 15 minutes of device time a session, a
 machine's start included): ``bash experiments/gpu_machine.sh download`` here once (the wheels
 its image lacks, and the corpus), then one device run (carry [".whl", "shared"], timeout_s
 595; ``--budget_s`` ends the suite inside the call, the parts that did not fit recorded as not
@@ -119,7 +123,15 @@ sys.path.insert(0, str(HERE))  # measure.py, trl_grpo.py, gpu_suite_*.py beside 
 import device_lock  # noqa: E402
 import gpu_suite_report as report  # noqa: E402
 from gpu_suite_parts import jobs_of, peak, probe, shown  # noqa: E402
-from gpu_suite_plan import MEMORY_SHARE, plan, schedule  # noqa: E402
+from gpu_suite_plan import (  # noqa: E402
+    H100_MEMORY_LIMIT,
+    MEMORY_SHARE,
+    SUITE_BUDGET_S,
+    expected_wall,
+    plan,
+    queue,
+    schedule,
+)
 from versus_trl import git_state  # noqa: E402
 
 FLAGS = flags.FLAGS
@@ -166,6 +178,18 @@ flags.DEFINE_string(
     "call); the record keeps the other parts' measurements too.",
 )
 flags.DEFINE_list("rerun", [], "With --resume: parts whose kept measurements run again.")
+flags.DEFINE_list(
+    "large_batches",
+    [],
+    "The large model's prompts per step, each its own measurement ('': the plan's, 16 on a "
+    "GPU); e.g. 16,32 adds 32, which on one H100 took 250 s of the suite's 497 s.",
+)
+flags.DEFINE_bool(
+    "plan_only",
+    False,
+    "Print the GPU plan's children in the order they are offered, each with one H100's "
+    "time and bytes, and the wall time they schedule to; run nothing (no device needed).",
+)
 flags.DEFINE_string("child", "", "Internal: run one measurement (probe or peak), print JSON.")
 flags.DEFINE_string("child_spec", "", "Internal: the child's JSON argument.")
 
@@ -296,9 +320,14 @@ def main(argv):
             sys.exit(f"error: --{name}: unknown {sorted(unknown)}; choose from {PARTS}")
     if FLAGS.rerun and not FLAGS.resume:
         sys.exit("error: --rerun needs --resume=FILE (without it every part runs anyway)")
+    if bad := [b for b in FLAGS.large_batches if not (b.isdigit() and int(b) > 0)]:
+        sys.exit(f"error: --large_batches: {bad} are not positive counts of prompts; e.g. 16,32")
     t0 = time.perf_counter()
-    smoke, p = FLAGS.smoke, plan(FLAGS.smoke)
+    smoke, p = FLAGS.smoke, plan(FLAGS.smoke, [int(b) for b in FLAGS.large_batches])
     workers = FLAGS.jobs or (2 if smoke else 3)
+    if FLAGS.plan_only:
+        print_plan(jobs_of(p, FLAGS.parts, FLAGS.trl_python)[1:], workers)
+        return
     with tempfile.TemporaryDirectory(prefix="gpu_suite_") as scratch:
         suite(smoke, p, workers, child_env(smoke, workers, Path(scratch)), t0)
 
@@ -339,6 +368,8 @@ def suite(smoke: bool, p: dict, workers: int, env: dict, t0: float) -> None:
         jobs[1:] = [j for j in jobs[1:] if "result" in j or j["part"] in FLAGS.parts]
     limit = jobs[0]["result"].get("memory_bytes_limit")
     capacity = limit * MEMORY_SHARE if limit else None
+    if not smoke:
+        print(estimate([j for j in jobs[1:] if "result" not in j], workers, capacity), flush=True)
     run_jobs(jobs, env, workers, done=lambda: write(final=False), capacity=capacity)
     raw, path = write(final=True)
     print(report.markdown(raw))
@@ -347,6 +378,26 @@ def suite(smoke: bool, p: dict, workers: int, env: dict, t0: float) -> None:
     if failed:
         print(f"failed parts: {', '.join(failed)}", file=sys.stderr)
         sys.exit(1)
+
+
+def estimate(jobs: list, workers: int, capacity) -> str:
+    """What one H100's times for these children (gpu_suite_plan.H100_EXPECT) schedule to."""
+    if missing := [f"{j['part']} {j['key']}" for j in jobs if "expect_s" not in j]:
+        return f"no estimate of the wall time: no H100 time for {', '.join(missing)}"
+    wall = expected_wall(jobs, workers, capacity)
+    return (
+        f"one H100's times for these {len(jobs)} schedule to about {wall:.0f} s, {workers} at "
+        f"a time (budget {SUITE_BUDGET_S} s; gpu_suite_plan.expected_wall)"
+    )
+
+
+def print_plan(jobs: list, workers: int) -> None:
+    """--plan_only: the children in the order they are offered, and their estimate."""
+    for job in queue(jobs):
+        hint = f"{job.get('expect_s', '?')} s, {job.get('expect_bytes', 0) / 1e9:.1f} GB"
+        command = job.get("shown") or shown(job["cmd"], FLAGS.trl_python)
+        print(f"{job['part']} {job['key']}: {hint}\n  $ {command}")
+    print(estimate(jobs, workers, H100_MEMORY_LIMIT * MEMORY_SHARE))
 
 
 def resume(jobs: list, path: str) -> int:

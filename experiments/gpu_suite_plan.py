@@ -32,42 +32,61 @@ LARGE = {
     # as on that H200 (group.loss_chunk=4 would cut the plan's temporaries 51 -> 18 GiB)
     "train.batch_size": 16,
 }
-# the large part's prompts per step, each its own measurement: at 16 (256 sequences per
-# decode step) one H200's rollout reached 5.2 % of the bf16 peak, each of its 127 decode steps
-# a pass over 85 M parameters for 256 rows; 32 doubles the rows each pass serves (its memory,
-# about twice 16's by the CPU plans above, is unmeasured on a GPU)
-LARGE_BATCHES = (16, 32)
+# the large part's prompts per step, each its own measurement (gpu_suite.py --large_batches):
+# at 16 (256 sequences per decode step) one H100's rollout reached 4.8 % of the bf16 peak,
+# each of its 127 decode steps a pass over 85 M parameters for 256 rows. 32 prompts (6.0 %,
+# 47.9 GB) is on request: with it the default suite took 497 s of its 480 on one H100
+# (2026-11-27), and its child alone 250 s of the 1,423 its children took
+LARGE_BATCHES = (16,)
 LARGE_PARTS = ("large", "attention", "pallas")  # benchmark.py on it, keyed by prompts per step
 
 
-# What each child took on one H100 (experiments/results/gpu_h100_2026-11-26: wall seconds
-# three at a time, its compiles included; peak device bytes), for the schedule below; the
-# peaks' and TRL's bytes were not recorded and are estimates (a peak call holds its 8 outputs:
-# 8 x 8192^2 in float32 is 2.1 GB, in bfloat16 1.1 GB). Call 1
-# started them in the plan's order and ran large 16 beside large 32 and V = 50,000: out of
-# memory, and its retry alone found the budget spent (profile large likewise).
+# What each child took on one H100 (experiments/results/gpu_h100_2026-11-27: wall seconds
+# three at a time, its compiles and its waits for the device lock included; peak device
+# bytes), for the schedule below and expected_wall; the peaks' and TRL's bytes were not
+# recorded and are estimates (a peak call holds its 8 outputs: 8 x 8192^2 in float32 is
+# 2.1 GB, in bfloat16 1.1 GB). On 2026-11-26 the first call ran large 16 beside large 32 and
+# V = 50,000: out of memory, hence the bytes.
 H100_EXPECT = {
-    "peak float32": (10, 2.5e9),
-    "peak bfloat16": (10, 1.5e9),
-    "step float32": (145, 0.4e9),
-    "step bfloat16": (140, 0.3e9),
-    "trl float32": (95, 1.0e9),  # torch's bytes unrecorded; 4x4x128 in float32 is small
-    "trl bfloat16": (46, 1.0e9),
-    "exhaustive 65": (80, 0.6e9),
-    "exhaustive 256": (81, 1.2e9),
-    "exhaustive 1000": (82, 9.7e9),
-    "exhaustive 50000": (161, 5.6e9),
-    "large 16": (138, 24.7e9),  # alone (call 2)
+    "peak float32": (7, 2.5e9),
+    "peak bfloat16": (7, 1.5e9),
+    "step float32": (240, 0.4e9),
+    "step bfloat16": (174, 0.3e9),
+    "trl float32": (101, 1.0e9),  # torch's bytes unrecorded; 4x4x128 in float32 is small
+    "trl bfloat16": (56, 1.0e9),
+    "exhaustive 65": (57, 0.6e9),
+    "exhaustive 256": (89, 1.2e9),
+    "exhaustive 1000": (88, 9.7e9),
+    "exhaustive 50000": (167, 5.6e9),
+    "large 16": (188, 24.7e9),
     "large 32": (250, 47.9e9),
-    "profile step": (80, 0.3e9),
-    "profile large": (78, 24.7e9),  # alone (call 2); the bytes are large 16's (the same step)
+    "attention 16": (151, 18.7e9),  # call 2, beside a part since removed
+    "profile step": (105, 0.3e9),  # beside profile large; bytes: step bfloat16's
+    "profile large": (128, 24.7e9),  # the bytes are large 16's (the same step)
 }
 # unmeasured: the same model's figures
-H100_EXPECT["attention 16"] = H100_EXPECT["pallas 16"] = H100_EXPECT["large 16"]
+H100_EXPECT["pallas 16"] = H100_EXPECT["large 16"]
+# the probe's memory_bytes_limit on one H100 (XLA_PYTHON_CLIENT_MEM_FRACTION=0.92)
+H100_MEMORY_LIMIT = 78_217_478_144
 # the share of a process's memory limit (XLA_PYTHON_CLIENT_MEM_FRACTION of the device) that
 # the children running at once may expect to peak at together: the peaks are the allocators'
 # bytes in use, each process also holds its CUDA context, cuDNN workspaces and fragmentation
 MEMORY_SHARE = 0.8
+
+
+def queue(jobs: list) -> list:
+    """The order jobs are offered in: the peaks first, then the longest expected first."""
+    return sorted(jobs, key=lambda j: (j["part"] != "peak", -j.get("expect_s", 0)))
+
+
+def _first_fitting(pending: list, busy_bytes: float, busy_jobs: int, capacity):
+    """The first pending job whose ``expect_bytes`` fit in ``capacity`` beside the running
+    jobs' (alone, any job fits; None: no limit), or None."""
+    for job in pending:
+        need = busy_bytes + job.get("expect_bytes", 0)
+        if capacity is None or busy_jobs == 0 or need <= capacity:
+            return job
+    return None
 
 
 def schedule(jobs: list, workers: int, run, capacity: float | None = None) -> None:
@@ -75,17 +94,16 @@ def schedule(jobs: list, workers: int, run, capacity: float | None = None) -> No
     expected (``expect_s``) first, a job whose ``expect_bytes`` would not fit in ``capacity``
     beside the running jobs' waiting for them to finish (alone a job always starts; None: no
     limit). The first exception a ``run`` raised is raised once all have finished."""
-    pending = sorted(jobs, key=lambda j: (j["part"] != "peak", -j.get("expect_s", 0)))
+    pending = queue(jobs)
     cond, busy, errors = threading.Condition(), {"bytes": 0.0, "jobs": 0}, []
 
-    def fits(job):
-        need = busy["bytes"] + job.get("expect_bytes", 0)
-        return capacity is None or busy["jobs"] == 0 or need <= capacity
+    def next_job():
+        return _first_fitting(pending, busy["bytes"], busy["jobs"], capacity)
 
     def worker():
         while True:
             with cond:
-                while pending and (job := next((j for j in pending if fits(j)), None)) is None:
+                while pending and (job := next_job()) is None:
                     cond.wait()
                 if not pending:
                     return
@@ -110,9 +128,32 @@ def schedule(jobs: list, workers: int, run, capacity: float | None = None) -> No
         raise errors[0]
 
 
-def plan(smoke: bool) -> dict:
-    """Every part's sizes: the issue's for a GPU, tiny ones (same code paths) for --smoke."""
+def expected_wall(jobs: list, workers: int, capacity: float | None = None) -> float:
+    """The seconds ``schedule`` takes if every job takes its ``expect_s`` (0 without one): the
+    same order and memory rule on a simulated clock. With H100_EXPECT it replays one H100's
+    children, whose walls include the waits the device lock made them take beside the others
+    they ran with then; other company waits differently, so it is an estimate, not a time.
+    For the 12 children that 2026-11-27's call ran after its probe it gives 493 s; the call
+    took 497."""
+    pending, running, now = queue(jobs), [], 0.0  # running: (end, bytes)
+    while pending or running:
+        busy = sum(b for _, b in running)
+        job = _first_fitting(pending, busy, len(running), capacity)
+        if job is not None and len(running) < max(1, workers):
+            pending.remove(job)
+            running.append((now + job.get("expect_s", 0), job.get("expect_bytes", 0)))
+        else:
+            running.remove(first := min(running))
+            now = first[0]
+    return now
+
+
+def plan(smoke: bool, large_batches=()) -> dict:
+    """Every part's sizes: the issue's for a GPU, tiny ones (same code paths) for --smoke;
+    ``large_batches`` (prompts per step), where given, replace the large part's."""
     p = smoke_plan() if smoke else gpu_plan()
+    if large_batches:
+        p["large"]["batches"] = tuple(large_batches)
     # on request: the large part's model at its first batch with cuDNN's fused attention in
     # its full-sequence passes, beside the shared prefix (a CPU has no cuDNN: XLA's path)
     large = p["large"]
@@ -232,7 +273,7 @@ def smoke_plan() -> dict:
                 "data.horizon": 16,
                 "group.size": 4,
             },
-            "batches": (2,),  # one: the GPU plan's second is the same code path
+            "batches": (2,),
             "args": ("--warmup=1", "--steps=2", "--breakdown_runs=1"),
             "timeout": 240,
         },

@@ -247,15 +247,21 @@ def test_a_profile_that_attributes_nothing_shows_no_rate():
 
 
 def test_the_large_model_runs_at_each_batch_of_the_plan():
-    """The GPU plan measures the 12 x 768 model at 16 and 32 prompts, each its own child keyed
-    by prompts, and the report gives each its figures and its own rollout-MFU target."""
+    """The GPU plan measures the 12 x 768 model at 16 prompts, and at each of --large_batches
+    where given, each its own child keyed by prompts (the attention part at the first); the
+    report gives each its figures and its own rollout-MFU target."""
     sys.path.insert(0, str(ROOT / "experiments"))
     from gpu_suite_parts import jobs_of
     from gpu_suite_plan import plan
     from gpu_suite_report import assemble, targets
 
-    jobs = [j for j in jobs_of(plan(smoke=False), ("large",), sys.executable)
-            if j["part"] == "large"]  # fmt: skip
+    def keys(p, part):
+        return [j["key"] for j in jobs_of(p, (part,), sys.executable) if j["part"] == part]
+
+    assert keys(plan(smoke=False), "large") == ["16"]
+    assert keys(plan(smoke=False, large_batches=[32, 16]), "attention") == ["32"]
+    jobs = [j for j in jobs_of(plan(smoke=False, large_batches=[16, 32]), ("large",),
+                               sys.executable) if j["part"] == "large"]  # fmt: skip
     assert [j["key"] for j in jobs] == ["16", "32"]
     for j in jobs:
         assert f"--config.train.batch_size={j['key']}" in j["cmd"]
@@ -393,7 +399,58 @@ def test_the_schedule_starts_the_longest_first_and_never_overfills_memory():
     assert not any({"large 16", "large 32"} <= set(r) for r in at_start)
     assert not any({"profile large", "large 32"} <= set(r) for r in at_start)
     assert not any({"attention 16", "large 32"} <= set(r) for r in at_start)
-    assert not any({"decode 16", "large 32"} <= set(r) for r in at_start)
+
+
+def test_expected_wall_replays_the_schedule_on_a_clock_by_hand():
+    """gpu_suite_plan.expected_wall: the schedule's order and memory rule on a simulated
+    clock. By hand, two workers, A 10 s, B 6, C 5, D 4: A [0, 10], B [0, 6], C [6, 11],
+    D [10, 14]: 14 s. With room for 10 bytes (A 8, B 5, C 1, D 1), B does not fit beside A:
+    A [0, 10], C [0, 5], D [5, 9], B [10, 16]: 16 s, and the threaded schedule starts them in
+    that order. One worker: the sum, 25 s."""
+    import threading
+    import time
+
+    sys.path.insert(0, str(ROOT / "experiments"))
+    from gpu_suite_plan import expected_wall, schedule
+
+    jobs = [{"part": "x", "key": k, "expect_s": t, "expect_bytes": b}
+            for k, t, b in (("A", 10, 8), ("B", 6, 5), ("C", 5, 1), ("D", 4, 1))]  # fmt: skip
+    assert expected_wall(jobs, 2) == 14
+    assert expected_wall(jobs, 2, capacity=10) == 16
+    assert expected_wall(jobs, 1, capacity=10) == 25
+    started, lock = [], threading.Lock()
+
+    def run(job):
+        with lock:
+            started.append(job["key"])
+        time.sleep(0.02 * job["expect_s"])
+
+    schedule(jobs, 2, run, capacity=10)
+    assert started == ["A", "C", "D", "B"]
+
+
+def test_plan_only_prints_the_order_and_the_estimate_without_a_device():
+    """--plan_only runs nothing: each child with one H100's time, then expected_wall's
+    estimate for them within one H100's memory; --large_batches adds children; a bad count is
+    one error line."""
+    sys.path.insert(0, str(ROOT / "experiments"))
+    from gpu_suite_parts import jobs_of
+    from gpu_suite_plan import H100_MEMORY_LIMIT, MEMORY_SHARE, expected_wall, plan
+
+    cmd = [sys.executable, "experiments/gpu_suite.py", "--plan_only"]
+    for extra, batches, n in (([], [], 11), (["--large_batches=16,32"], [16, 32], 12)):
+        done = subprocess.run([*cmd, *extra], cwd=ROOT, capture_output=True, text=True)
+        assert done.returncode == 0, done.stderr
+        jobs = jobs_of(plan(False, batches), ("step", "trl", "exhaustive", "large"), "python")
+        wall = expected_wall(jobs[1:], 3, H100_MEMORY_LIMIT * MEMORY_SHARE)
+        last = done.stdout.strip().splitlines()[-1]
+        assert last.startswith(f"one H100's times for these {n} schedule to about {wall:.0f} s")
+        assert done.stdout.count("\n  $ ") == n and ("large 32" in done.stdout) == (n == 12)
+    done = subprocess.run([*cmd, "--large_batches=16,0"], cwd=ROOT, capture_output=True, text=True)
+    assert done.returncode == 1
+    assert done.stderr.strip() == (
+        "error: --large_batches: ['0'] are not positive counts of prompts; e.g. 16,32"
+    )
 
 
 def test_the_rollout_floor_counts_the_decode_loops_reads_by_hand():
