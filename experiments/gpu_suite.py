@@ -129,7 +129,7 @@ from gpu_suite_plan import (  # noqa: E402
     SUITE_BUDGET_S,
     expected_wall,
     plan,
-    queue,
+    queue_order,
     schedule,
 )
 from versus_trl import git_state  # noqa: E402
@@ -393,7 +393,7 @@ def estimate(jobs: list, workers: int, capacity) -> str:
 
 def print_plan(jobs: list, workers: int) -> None:
     """--plan_only: the children in the order they are offered, and their estimate."""
-    for job in queue(jobs):
+    for job in queue_order(jobs):
         hint = f"{job.get('expect_s', '?')} s, {job.get('expect_bytes', 0) / 1e9:.1f} GB"
         command = job.get("shown") or shown(job["cmd"], FLAGS.trl_python)
         print(f"{job['part']} {job['key']}: {hint}\n  $ {command}")

@@ -74,7 +74,7 @@ H100_MEMORY_LIMIT = 78_217_478_144
 MEMORY_SHARE = 0.8
 
 
-def queue(jobs: list) -> list:
+def queue_order(jobs: list) -> list:
     """The order jobs are offered in: the peaks first, then the longest expected first."""
     return sorted(jobs, key=lambda j: (j["part"] != "peak", -j.get("expect_s", 0)))
 
@@ -94,7 +94,7 @@ def schedule(jobs: list, workers: int, run, capacity: float | None = None) -> No
     expected (``expect_s``) first, a job whose ``expect_bytes`` would not fit in ``capacity``
     beside the running jobs' waiting for them to finish (alone a job always starts; None: no
     limit). The first exception a ``run`` raised is raised once all have finished."""
-    pending = queue(jobs)
+    pending = queue_order(jobs)
     cond, busy, errors = threading.Condition(), {"bytes": 0.0, "jobs": 0}, []
 
     def next_job():
@@ -135,7 +135,7 @@ def expected_wall(jobs: list, workers: int, capacity: float | None = None) -> fl
     they ran with then; other company waits differently, so it is an estimate, not a time.
     For the 12 children that 2026-11-27's call ran after its probe it gives 493 s; the call
     took 497."""
-    pending, running, now = queue(jobs), [], 0.0  # running: (end, bytes)
+    pending, running, now = queue_order(jobs), [], 0.0  # running: (end, bytes)
     while pending or running:
         busy = sum(b for _, b in running)
         job = _first_fitting(pending, busy, len(running), capacity)

@@ -154,8 +154,9 @@ def _sub_jaxprs(eqn):
 def platform_branch(params: dict) -> int | None:
     """The branch of a ``lax.platform_dependent`` cond that this process's backend runs (its
     ``branches_platforms`` name lowering platforms, None the default), or None for any other
-    cond. The count is this backend's: a CPU counting a GPU config (--flops_only) misses what
-    only the GPU branch runs (model.lookup's one-hot gradient matmul)."""
+    cond and for one with neither this backend's branch nor a default (the costliest counts).
+    The count is this backend's: a CPU counting a GPU config (--flops_only) misses what only
+    the GPU branch runs (model.lookup's one-hot gradient matmul)."""
     plats = params.get("branches_platforms")
     if not plats:
         return None
@@ -164,7 +165,7 @@ def platform_branch(params: dict) -> int | None:
     for i, names in enumerate(plats):
         if names is not None and here & set(names):
             return i
-    return plats.index(None)
+    return plats.index(None) if None in plats else None
 
 
 def manual_devices(params: dict) -> int:

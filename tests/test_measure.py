@@ -134,7 +134,8 @@ def test_a_shard_map_body_counts_once_per_block_of_its_manual_axes():
 def test_a_platform_dependent_branch_counts_as_this_backend_runs_it():
     """lax.platform_dependent (model.lookup's gradient) runs one branch per backend: a CPU
     counts its own (no matmul here), not the GPU's matmul; a data-dependent cond still
-    counts its most expensive branch."""
+    counts its most expensive branch, as does a platform_dependent one with neither this
+    backend's branch nor a default (it used to raise)."""
     from measure import matmul_flops_of
 
     x = jnp.ones((8, 8))
@@ -144,3 +145,5 @@ def test_a_platform_dependent_branch_counts_as_this_backend_runs_it():
     assert jax.default_backend() == "cpu"
     assert matmul_flops_of(jax.make_jaxpr(by_platform)(x).jaxpr) == 0
     assert matmul_flops_of(jax.make_jaxpr(by_value)(x).jaxpr) == 2 * 8 * 8 * 8
+    elsewhere = lambda x: jax.lax.platform_dependent(x, cuda=square, tpu=jnp.tanh)
+    assert matmul_flops_of(jax.make_jaxpr(elsewhere)(x).jaxpr) == 2 * 8 * 8 * 8
