@@ -144,7 +144,6 @@ def make_loss(spec: ObjectiveSpec, group: GroupSpec, policy: Policy, reference: 
     # the training forward's chunk is its own: its [B, c, T, V] logits outgrow the rollout's
     # [B*c, V] per decode step by a factor T, so a large V wants a smaller chunk here
     loss_chunk = group.loss_chunk or group.vocab_chunk
-    aa_scale = "group" if gr.advantage_scale == "group" else "none"
 
     def agg(x, mask):
         """objective.aggregate over the rows (members) and tokens that exist."""
@@ -227,15 +226,17 @@ def make_loss(spec: ObjectiveSpec, group: GroupSpec, policy: Policy, reference: 
             pg = wsum(objective.clipped_surrogate(logp, old, adv_c, eps, eps_high), w_c)
             clip = tuple(wsum(x, wm_c) for x in clip_terms(logp, old, adv_c, eps, eps_high))
             ref_dist = reference_dist(ref_state, context, part, tokens, ref_lp_c, 0)
-            kl = wsum(kl_terms(lp, logp, ref_tok_c, ref_dist), w_c)
-            ent = wsum(entropy(lp), w_c)
-            return objective_terms(pg, kl, ent), ((pg, kl, ent, clip), logp)
+            kl_tok, ent_tok = kl_terms(lp, logp, ref_tok_c, ref_dist), entropy(lp)
+            kl, ent = wsum(kl_tok, w_c), wsum(ent_tok, w_c)
+            # the kl / entropy metrics are TRL's token means, whatever grpo.loss_agg is
+            shown = (wsum(kl_tok, wm_c), wsum(ent_tok, wm_c))
+            return objective_terms(pg, kl, ent), ((pg, clip + shown), logp)
 
         args = (part.tokens, old_logp, part.advantages, w, wm, ref_tok, part.ref_logp)
         j, (sums, logp) = accumulated(chunk, loss_chunk, (params, first, state), *args)
-        pg, kl, ent, clip = jax.tree.map(jnp.sum, sums)
-        m = dict(zip(CLIP_METRICS, clip, strict=True))
-        return j, (pg, kl, ent), jnp.mean(part.member_mask.max(1)), m, logp
+        pg, shown = jax.tree.map(jnp.sum, sums)
+        m = dict(zip((*CLIP_METRICS, "kl", "entropy"), shown, strict=True))
+        return j, pg, jnp.sum(part.member_mask.max(1)), m, logp
 
     def continuation_terms(params, ref_state, state, part: Part, old_logp, first_iter, t):
         """Tokens 1..t-1 of a forced part (t: the value horizon), ``group.loss_chunk``
@@ -293,10 +294,10 @@ def make_loss(spec: ObjectiveSpec, group: GroupSpec, policy: Policy, reference: 
                 q = candidates.hierarchical_values(
                     pi, part.actions, part.action_mask, part.action_weights, part.action_returns
                 )
-                pg_rows = objective.all_action_loss(lp_first, q, scale=aa_scale)
+                pg_rows = objective.all_action_loss(lp_first, q, scale=gr.advantage_scale)
             else:
                 pg_rows = objective.all_action_loss(
-                    lp_act, part.action_returns, scale=aa_scale, mask=part.action_mask > 0
+                    lp_act, part.action_returns, scale=gr.advantage_scale, mask=part.action_mask > 0
                 )
             no_clip = (0.0, 0.0, 0.0, 1.0)  # no ratio at the decision point: nothing clipped
             m = {n: jnp.asarray(x) for n, x in zip(CLIP_METRICS, no_clip, strict=True)}
@@ -319,7 +320,8 @@ def make_loss(spec: ObjectiveSpec, group: GroupSpec, policy: Policy, reference: 
         m["kl_decision"], m["entropy_decision"] = kl, ent
         pad = lambda x: jnp.pad(x, ((0, 0), (0, 0), (0, full_t - x.shape[-1])))
         if not (train_cont and t > 1):
-            return objective_terms(pg, kl, ent), (pg, kl, ent), jnp.mean(prompt_w), m, pad(logp)
+            m["kl"], m["entropy"] = kl, ent
+            return objective_terms(pg, kl, ent), pg, jnp.sum(prompt_w), m, pad(logp)
         # KL and entropy stay per-token means (the decision point is one of T tokens), so they
         # read the same as a sampled group's; the decision point's pg term keeps its full
         # weight: it is the exhaustive group's main signal.
@@ -328,22 +330,24 @@ def make_loss(spec: ObjectiveSpec, group: GroupSpec, policy: Policy, reference: 
         )
         j = objective_terms(pg, kl, ent, 1 / t) + j_c
         m["pg_continuation"] = pg_c
-        terms = (pg + pg_c, (kl + (t - 1) * kl_c) / t, (ent + (t - 1) * ent_c) / t)
+        m["kl"], m["entropy"] = (kl + (t - 1) * kl_c) / t, (ent + (t - 1) * ent_c) / t
         logp = pad(jnp.concatenate([logp, logp_rest], axis=-1))
-        return j, terms, jnp.mean(prompt_w), m, logp
+        return j, pg + pg_c, jnp.sum(prompt_w), m, logp
 
     def loss_fn(params, parts, old_logps, first_iter, forced_flags, ref_state=None):
-        total = pg_t = kl_t = ent_t = 0.0
+        total = pg_t = 0.0
         metrics, logps = {}, []
+        # every part's prompts are the batch's or a sub-batch of it (adaptive's forced part)
+        num_prompts = max(part.tokens.shape[0] for part in parts)
         for part, old, forced in zip(parts, old_logps, forced_flags, strict=True):
             part_loss = forced_loss if forced else sampled_loss
-            j, (pg, kl, ent), w, m, logp = part_loss(params, ref_state, part, old, first_iter)
-            total = total + w * j
-            pg_t, kl_t, ent_t = pg_t + w * pg, kl_t + w * kl, ent_t + w * ent
+            j, pg, count, m, logp = part_loss(params, ref_state, part, old, first_iter)
+            w = count / num_prompts  # the part's share of the batch's prompts
+            total, pg_t = total + w * j, pg_t + w * pg
             for name, val in m.items():
                 metrics[name] = metrics.get(name, 0.0) + w * val
             logps.append(logp)
-        metrics.update(pg_loss=pg_t, kl=kl_t, entropy=ent_t, loss=total)
+        metrics.update(pg_loss=pg_t, loss=total)
         return total, (metrics, tuple(logps))
 
     return loss_fn

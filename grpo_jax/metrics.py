@@ -9,7 +9,12 @@ Names follow TRL's GRPOTrainer so that dashboards carry over: ``reward``, ``rewa
 * ``reward`` is the mean over prompts of each group's mean return (TRL: the mean over all
   completions; equal when every group has the same number of members), and ``reward_std``
   the mean over prompts of each group's population std (ddof 0; TRL's std is ddof 1 over the
-  group, see objective.group_advantages).
+  group, see objective.group_advantages); ``rewards/<term>/std`` is ddof 0 too (TRL's
+  ``nanstd``: ddof 1).
+* ``kl`` and ``entropy`` (loss.py) are, as TRL's, token means over the batch's completion
+  tokens, whatever ``grpo.loss_agg`` weighs the loss's own KL and entropy terms by. A forced
+  part's (no TRL counterpart) weigh the decision point's exact KL / entropy over V and its
+  continuation tokens' (aggregated as in the loss) 1 : t - 1 over t completion tokens.
 * Forced groups (exhaustive, guided) are every first token, not samples of π: their plain
   mean is not the policy's expected return; ``reward_policy_mean`` weights each member by
   π_old of its first token, which is.
@@ -52,13 +57,20 @@ def _prompt_stats(part, forced: bool):
 
 
 def first_token_stats(part, vocab_size: int):
-    """Exhaustive parts: per forced first token, its mean return and how often it is best."""
+    """Forced parts over the whole vocabulary: per first token (by id, whatever slot a mode
+    puts it in), its mean return over the prompts that forced it, and the share of the
+    prompts that count where it is the group's best."""
     am = part.action_mask
-    rows = jnp.maximum(am.max(1).sum(), 1.0)
-    reward = (part.action_returns * am).sum(0) / rows
-    best_idx = jnp.argmax(jnp.where(am > 0, part.action_returns, -jnp.inf), 1)
-    best = jax.nn.one_hot(best_idx, vocab_size) * am.max(1, keepdims=True)
-    return {"first_token/reward": reward, "first_token/best": best.sum(0) / rows}
+    rows = jnp.arange(am.shape[0])[:, None]
+    by_id = lambda x: jnp.zeros((am.shape[0], vocab_size)).at[rows, part.actions].add(x).sum(0)
+    reward = by_id(part.action_returns * am) / jnp.maximum(by_id(am), 1.0)
+    best_slot = jnp.argmax(jnp.where(am > 0, part.action_returns, -jnp.inf), 1)
+    best_id = jnp.take_along_axis(part.actions, best_slot[:, None], 1)[:, 0]
+    best = jax.nn.one_hot(best_id, vocab_size) * am.max(1, keepdims=True)
+    return {
+        "first_token/reward": reward,
+        "first_token/best": best.sum(0) / jnp.maximum(am.max(1).sum(), 1.0),
+    }
 
 
 def group_metrics(parts, forced_flags, vocab_size: int) -> dict:

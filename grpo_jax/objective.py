@@ -394,7 +394,8 @@ def policy_weighted_advantages(returns, pi, scale="none", eps=1e-8, mask=None):
             jnp.sum(pi_sg * adv**2, -1, keepdims=True),
             jnp.sum(pi_sg, -1, keepdims=True),
         )
-        if scale == "batch":
-            var = jnp.mean(var)
+        if scale == "batch":  # over the rows that have actions: empty ones would dilute it
+            rows = jnp.any(mask, -1, keepdims=True)
+            var = _safe_div(jnp.sum(jnp.where(rows, var, 0.0)), jnp.sum(rows))
         adv = _safe_div(adv, jnp.sqrt(var) + eps)
     return jax.lax.stop_gradient(adv)

@@ -38,14 +38,14 @@ def return_credit(part: Part, returns, ok, scale, n_cont):
     gives Σ_k π̄_k (R_k - b) ∇ log π(continuation_k | a_k) / Σ π̄_k: together with the exact
     all-action term at the decision point, the gradient of Σ_a π(a) E[R | a], continuations
     included (b holds R_k itself with weight π̄_k: a bias of order π̄_k). Advantage scale
-    ``group`` divides by the π̄-weighted std, as the decision point's does."""
+    ``group`` divides by the π̄-weighted std, ``batch`` by the root of its mean over the
+    prompts, as the decision point's does."""
     pi = jnp.exp(part.logp_old[..., 0])
     if part.action_weights is not None:  # hierarchical: a representative stands for its class
         w = first_action_layout(part.action_weights, n_cont)
         pi = pi * jnp.where(w > 0, w, 1.0)
     pi = jnp.where(ok, pi, 0.0)
-    aa_scale = "group" if scale == "group" else "none"
-    adv = objective.policy_weighted_advantages(returns, pi, aa_scale, mask=ok)
+    adv = objective.policy_weighted_advantages(returns, pi, scale, mask=ok)
     rho = pi / jnp.maximum(pi.sum(1, keepdims=True), 1e-30) * ok.sum(1, keepdims=True)
     return adv * rho
 
@@ -78,8 +78,10 @@ def score(part: Part, forced: bool, rewards, valid, spec: GroupSpec, scale, per_
         return part._replace(rewards=rewards, returns=returns, advantages=adv, valid=valid * 1.0)
     b, a = part.actions.shape
     n = spec.continuations_per_action
-    action_returns = returns.reshape(b, a, n).mean(-1)
-    action_ok = (part.action_mask > 0) & ok.reshape(b, a, n).any(-1)
+    # an action's return: the mean over its scored continuations (an unscored one is no 0)
+    ok_n = ok.reshape(b, a, n)
+    action_returns = jnp.sum(returns.reshape(b, a, n), -1) / jnp.maximum(ok_n.sum(-1), 1)
+    action_ok = (part.action_mask > 0) & ok_n.any(-1)
     adv0 = first_action_layout(objective.group_advantages(action_returns, scale, mask=action_ok), n)
     if spec.continuation_credit == "return":
         adv_rest = jnp.broadcast_to(

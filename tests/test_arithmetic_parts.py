@@ -11,6 +11,7 @@ import pytest
 
 from grpo_jax.evaluate import pass_at_k
 from grpo_jax.tasks.arithmetic_problems import (
+    Problems,
     ProblemSpec,
     correctness_reward,
     correctness_tokens,
@@ -242,6 +243,21 @@ def test_random_tokens_host_and_tokens_agree():
     np.testing.assert_array_equal(host[1], twin[1])
     # The comparison is only meaningful if both verdicts occur often.
     assert 100 < host[0].sum() < 400 and 100 < host[1].sum() < 400
+
+
+def test_python_reward_of_answers_past_int32_through_the_task():
+    # 99999*99999 = 9,999,800,001 and 46341*46341 = 2,147,488,281 do not fit an int32 (a device
+    # int wrapped them and the Python reward scored these exact answers 0)
+    from grpo_jax.tasks.arithmetic import encode_set, make_decode, prompts_of
+
+    problem_set = Problems(("99999*99999=", "46341*46341=", "7-11="), (9999800001, 2147488281, -4))
+    data = encode_set(TOK, problem_set, 12, 11)
+    tokens, mask = data.answers[:, None, :], data.answer_mask[:, None, :]
+    prompt_texts, texts, fields = make_decode(TOK)(prompts_of(data, np.arange(3)), tokens, mask)
+    assert prompt_texts == list(problem_set.prompts)
+    assert texts == ["9999800001", "2147488281", "-4"]
+    assert fields["answer"] == [9999800001, 2147488281, -4]
+    assert correctness_reward(prompt_texts, texts, **fields) == [1.0, 1.0, 1.0]
 
 
 # ---------------------------------------------------------------- pass@k

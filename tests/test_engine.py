@@ -171,6 +171,27 @@ def test_a_member_no_term_scored_gets_advantage_zero():
     assert float(scored.valid[0, 2]) == 0.0
 
 
+def test_an_unscored_continuation_is_left_out_of_its_actions_return():
+    """continuations_per_action=2: an action's return is the mean of its scored continuations;
+    one whose reward is None neither counts as 0 nor moves the decision point's advantages."""
+    a, n, t = 3, 2, 2
+    k, zeros = a * n, jnp.zeros((1, a * n, t))
+    tokens = jnp.repeat(jnp.arange(a, dtype=jnp.int32), n)[None, :, None].repeat(t, -1)
+    part = groups.Part(
+        None, tokens, jnp.ones((1, k, t)), jnp.ones((1, k)), jnp.log(jnp.full((1, k, t), 1 / a)),
+        jnp.arange(a, dtype=jnp.int32)[None], jnp.ones((1, a)), jnp.zeros((1, k, t, 0)),
+        zeros, zeros[..., 0], zeros, jnp.zeros((1, a)), jnp.ones((1, k)),
+    )  # fmt: skip
+    config = _config(mode="exhaustive")
+    config.group.continuations_per_action = n
+    spec = GroupSpec.from_config(config.group)
+    rewards_ = jnp.ones((1, k, t)).at[0, 2].set(3.0)  # action 1's first continuation returns 3
+    valid = jnp.ones((1, k)).at[0, 1].set(0.0)  # action 0's second continuation: unscored
+    scored = scoring.score(part, True, rewards_, valid, spec, "none", False, 1.0)
+    np.testing.assert_allclose(scored.action_returns, [[1.0, 2.0, 1.0]])  # returns: per-token means
+    np.testing.assert_allclose(scored.advantages[0, ::n, 0], [-1 / 3, 2 / 3, -1 / 3], rtol=1e-6)
+
+
 def test_a_reward_term_that_fails_is_named_in_one_line():
     def raises(prompts, completions, **_):
         raise KeyError("answer")

@@ -165,8 +165,8 @@ def np_all_action(logp, returns, scale, eps, mask):
         variances.append(np.sum(w * (R[b, m] - base) ** 2))
     if scale == "group":
         adv /= np.sqrt(np.array(variances))[:, None] + eps
-    elif scale == "batch":
-        adv /= np.sqrt(np.mean(variances)) + eps
+    elif scale == "batch":  # the rows that have actions (a constant row's variance is 0)
+        adv /= np.sqrt(np.mean(np.array(variances)[mask.any(-1)])) + eps
     grad_logp = -np.where(mask, pi * adv, 0.0)
     return grad_logp.sum(-1), grad_logp
 

@@ -90,6 +90,55 @@ def test_exhaustive_group_normalised_advantages_scale_the_gradient():
     np.testing.assert_allclose(new - theta, jax.grad(scaled)(theta), atol=1e-5)
 
 
+def test_exhaustive_batch_scaled_advantages_divide_by_the_mean_variance():
+    """advantage_scale=batch divides the exact gradient by the root of the prompts' mean
+    π-weighted reward variance (it was silently read as none by the expected estimator)."""
+    reward = 10.0 * jax.random.uniform(jax.random.PRNGKey(4), (B, V))  # std far from 1
+    theta, *fns = _problem(1, np.ones((B, 1)), reward)
+    new, _ = _sgd_step(_config(scale="batch"), theta, fns)
+    pi = jax.nn.softmax(theta[:, 0], -1)
+    var = jnp.sum(pi * (reward - jnp.sum(pi * reward, -1, keepdims=True)) ** 2, -1)
+
+    def scaled(th):
+        p = jax.nn.softmax(th[:, 0], -1)
+        return jnp.mean(jnp.sum(p * reward, -1)) / (jnp.sqrt(jnp.mean(var)) + 1e-8)
+
+    np.testing.assert_allclose(new - theta, jax.grad(scaled)(theta), atol=1e-6)
+
+
+def test_adaptive_weights_every_prompt_one_batch_share():
+    """group.mode=adaptive: the budget's exhaustive prompts and the sampled ones each weigh
+    1/B, as one batch (the exhaustive sub-batch weighed 1/budget per prompt: 4x here)."""
+    b, v = 8, 5
+    config = engine_config(b, 4, "adaptive", "k3", 0.0, "none")
+    config.group.entropy_threshold = 0.0  # the budget's ceil(8/4) = 2 prompts go exhaustive
+    reward = jax.random.uniform(jax.random.PRNGKey(5), (b, v))
+    theta = jax.random.normal(jax.random.PRNGKey(6), (b, 1, v))
+    start, length = single_step.spans_of(jnp.ones((b, 1)))
+    prompts = lambda key, data: single_step.SpanPrompts(jnp.arange(b), start, length, {})
+    table = lambda s, pr, tok, m, ref: reward[pr.inputs[:, None], tok[..., 0]]
+    tx = optax.sgd(1.0)
+    fns = (lambda p, x: p[x], v, 1, prompts, (RewardTerm("table", 1.0, table),), tx, lambda s: 1.0)
+    step, inputs = single_step.build(EngineSpec.from_config(config), *fns, theta, None)
+    state0 = init_state(theta, tx, 0)
+    new, metrics = jax.jit(step.fused)(state0, inputs)
+    delta = np.asarray(new.params - theta)[:, 0]
+    assert float(metrics["adaptive_exhaustive_frac"]) == 0.25
+    pi = jax.nn.softmax(theta[:, 0], -1)
+    exhaustive = np.argsort(-np.asarray(-jnp.sum(pi * jnp.log(pi), -1)))[:2]
+    exact = jax.grad(lambda th: jnp.sum(jax.nn.softmax(th[:, 0], -1) * reward) / b)(theta)
+    np.testing.assert_allclose(delta[exhaustive], exact[exhaustive, 0], atol=1e-6)
+    # the sampled prompts: mean_k A_k ∇log π(a_k) / B (mu = 1: the clipped surrogate's gradient)
+    sampled = step.score(step.rollout(state0, inputs))[0][0]
+
+    def surrogate(th):
+        lp = jnp.take_along_axis(jax.nn.log_softmax(th[:, 0], -1), sampled.tokens[..., 0], 1)
+        return jnp.sum(sampled.member_mask * sampled.advantages[..., 0] * lp) / 4 / b
+
+    rest = np.setdiff1d(np.arange(b), exhaustive)
+    np.testing.assert_allclose(delta[rest], jax.grad(surrogate)(theta)[rest, 0], atol=1e-6)
+
+
 def test_exhaustive_forces_the_first_acted_position_and_keeps_the_exact_kl():
     """The decision point is each prompt's first acted position (here position 1 for prompt
     0); a position the reward ignores gets no decision-point gradient, only the KL's."""
@@ -152,3 +201,40 @@ def test_reward_policy_mean_weights_forced_members_by_pi_old():
     sampled = metrics.group_metrics((part,), (False,), 3)
     np.testing.assert_allclose(sampled["reward_policy_mean"], sampled["reward"], rtol=1e-6)
     np.testing.assert_allclose(sampled["reward"], (1.5 / 3 + 0.6 / 2) / 2, rtol=1e-6)
+
+
+def test_first_token_stats_are_indexed_by_token_id():
+    """first_token/reward and /best follow each slot's token id (a guided group holds its
+    actions in guide-rank order), each token's mean taken over the prompts that forced it."""
+    actions = jnp.array([[3, 2, 1, 0], [0, 1, 2, 3]], jnp.int32)
+    action_mask = jnp.array([[1.0, 1.0, 1.0, 1.0], [1.0, 1.0, 0.0, 1.0]])  # row 1 lacks token 2
+    returns = jnp.array([[40.0, 30.0, 20.0, 10.0], [5.0, 50.0, 0.0, 15.0]])  # slot order
+    zeros = jnp.zeros((2, 4, 1))
+    part = Part(
+        None, actions[..., None], jnp.ones((2, 4, 1)), jnp.ones((2, 4)), zeros, actions,
+        action_mask, jnp.zeros((2, 4, 1, 0)), zeros, returns, zeros, returns, jnp.ones((2, 4)),
+    )  # fmt: skip
+    out = metrics.group_metrics((part,), (True,), 4)
+    # token 0: 10 and 5; token 1: 20 and 50; token 2: 30 (row 0 only); token 3: 40 and 15
+    np.testing.assert_allclose(out["first_token/reward"], [7.5, 35.0, 30.0, 27.5])
+    np.testing.assert_allclose(out["first_token/best"], [0.0, 0.5, 0.0, 0.5])  # 3, then 1
+
+
+def test_kl_and_entropy_metrics_are_trls_token_means():
+    """Spans of 1, 4 and 2 tokens under loss_agg=sequence-mean-token-mean: the kl and entropy
+    metrics are token means over the batch (TRL's), not the loss's per-sequence means."""
+    mask = np.array([[1.0, 0.0, 0.0, 0.0], [1.0, 1.0, 1.0, 1.0], [0.0, 1.0, 1.0, 0.0]])
+    theta, logits, prompts, reward = _problem(4, mask, jnp.ones((B, V)))
+    tx = optax.sgd(1.0)
+    fns = (logits, V, 4, prompts, (RewardTerm("table", 1.0, reward),), tx, lambda s: 1.0)
+    config = _config("sampled", "exact", 0.5)
+    step, inputs = single_step.build(EngineSpec.from_config(config), *fns, theta, None)
+    inputs = inputs._replace(ref_state=jnp.zeros_like(theta))  # a uniform reference
+    _, m = jax.jit(step.fused)(init_state(theta, tx, 0), inputs)
+    lp = np.asarray(jax.nn.log_softmax(theta, -1), np.float64)
+    kl = np.sum(np.exp(lp) * (lp - np.log(1 / V)), -1)  # [B, T]: every member's, per position
+    ent = -np.sum(np.exp(lp) * lp, -1)
+    np.testing.assert_allclose(m["kl"], np.sum(kl * mask) / mask.sum(), rtol=1e-5)
+    np.testing.assert_allclose(m["entropy"], np.sum(ent * mask) / mask.sum(), rtol=1e-5)
+    per_sequence = np.mean(np.sum(kl * mask, 1) / mask.sum(1))
+    assert abs(per_sequence - np.sum(kl * mask) / mask.sum()) > 1e-2  # the two differ here

@@ -45,7 +45,6 @@ class Data(NamedTuple):
     prompt_mask: jax.Array  # [N, P] float32
     answers: jax.Array  # [N, T] int32: answer chars, EOS, PAD
     answer_mask: jax.Array  # [N, T] float32
-    values: jax.Array  # [N] int32: the answers as numbers (for Python rewards)
 
 
 def validate(config) -> tuple[problems.ProblemSpec, int, int]:
@@ -80,13 +79,11 @@ def validate(config) -> tuple[problems.ProblemSpec, int, int]:
 def encode_set(tok, problem_set: problems.Problems, prompt_len: int, completion_len: int) -> Data:
     prompts, pmask = problems.encode_prompts(tok, problem_set.prompts, prompt_len)
     answers, amask = problems.encode_answers(tok, problem_set.answers, completion_len)
-    values = np.asarray(problem_set.answers, np.int64).astype(np.int32)
-    return Data(*map(jnp.asarray, (prompts, pmask, answers, amask, values)))
+    return Data(*map(jnp.asarray, (prompts, pmask, answers, amask)))
 
 
 def prompts_of(data: Data, idx) -> TokenPrompts:
     fields = {"answer": data.answers[idx], "answer_mask": data.answer_mask[idx]}
-    fields["value"] = data.values[idx]
     return TokenPrompts(data.prompts[idx], data.prompt_mask[idx], fields)
 
 
@@ -112,7 +109,10 @@ def reward_terms(config, tok):
 
 
 def make_decode(tok):
-    """The host side of Python rewards: texts and fields of every completion, prompt-major."""
+    """The host side of Python rewards: texts and fields of every completion, prompt-major.
+
+    The answers are computed from the prompts' text: a device int32 would wrap for answers of
+    10 digits (9-digit operands are valid), and the rewards would then mark them wrong."""
 
     def decode(prompts, tokens, mask):
         b, k, t = tokens.shape
@@ -120,7 +120,7 @@ def make_decode(tok):
             tok, tokens.reshape(b * k, t), mask.reshape(-1, t)
         )
         prompt_texts = [tok.decode(p) for p in np.asarray(prompts.tokens) for _ in range(k)]
-        answers = [int(a) for a in np.asarray(prompts.fields["value"]) for _ in range(k)]
+        answers = [problems.parse_problem(text) for text in prompt_texts]
         return prompt_texts, texts, {"answer": answers, "terminated": terminated}
 
     return decode
