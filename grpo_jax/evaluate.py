@@ -1,6 +1,8 @@
 """Held-out evaluation of a policy on fixed validation windows (one jitted function).
 
-Metrics (N windows of C context tokens + H target tokens; a token is a char by default):
+Metrics (N windows of C context tokens + H target tokens; a token is a char by default), each
+over all N windows: the last batch is padded to the static batch size and the padding dropped
+before any mean (pad_windows), so the n-gram baselines logged beside them see the same windows:
   eval/next_char_accuracy  teacher-forced argmax accuracy on the H target positions; with a
                            subword vocabulary, the greedy token's first char vs the true next
                            char (the same figure for chars, comparable across tokenizers)
@@ -10,7 +12,9 @@ Metrics (N windows of C context tokens + H target tokens; a token is a char by d
   eval/next_token_accuracy, eval/bits_per_token   (subword vocabularies only) per token
   eval/rollout_accuracy    a greedy rollout's per-char match with the true continuation
   eval/pass_at_k           P(at least one of k first-char samples is right) = E[1 - (1 - π(y0))^k],
-                           computed exactly from the policy instead of by sampling
+                           computed exactly from the policy instead of by sampling; with a
+                           subword vocabulary π(y0) is the mass of every token that starts
+                           with the true next char (first_char_prob)
   eval/best_char_frac      share of windows whose greedy first char is the most frequent one;
                            the char itself is returned as text (a collapse onto ' ' is visible)
 """
@@ -68,6 +72,27 @@ def per_char(out: dict, token_chars: TokenChars | None) -> dict:
     }
 
 
+def first_char_prob(logp0, tgt0, token_chars: TokenChars | None):
+    """π(y0) for pass@k from the first target position's log-probs [n, V] and tokens [n]: the
+    target token's probability, or for subwords the summed probability of all tokens whose
+    first char is the target's (pass@k counts a sample right when its first char is)."""
+    probs = jnp.exp(logp0)
+    if token_chars is None:
+        return jnp.take_along_axis(probs, tgt0[:, None], -1)[:, 0]
+    first = jnp.asarray(token_chars.first_char)
+    same = first[None, :] == first[tgt0][:, None]
+    return jnp.where(same, probs, 0.0).sum(-1)
+
+
+def pad_windows(context, target, batch_size: int):
+    """[N, .] -> [nb, batch_size, .] with nb = ceil(N / batch_size), the last batch filled with
+    copies of window N-1 (real tokens, so finite logits); the caller cuts the rows back to N."""
+    pad = -context.shape[0] % batch_size
+    # static shapes: every batch is the same, so lax.map compiles one body for all of them
+    ctx, tgt = (jnp.pad(x, ((0, pad), (0, 0)), mode="edge") for x in (context, target))
+    return ctx.reshape(-1, batch_size, ctx.shape[1]), tgt.reshape(-1, batch_size, tgt.shape[1])
+
+
 def make_eval_fn(
     model: Transformer,
     context_len: int,
@@ -84,7 +109,7 @@ def make_eval_fn(
         full = jnp.concatenate([ctx, tgt], axis=1)
         logits = model.apply({"params": params}, full[:, :-1])[:, context_len - 1 :]  # [n, H, V]
         logp = jax.nn.log_softmax(logits, -1)  # the same op as teacher_forced's (one, fused)
-        p0 = jnp.exp(logp[:, 0])[jnp.arange(tgt.shape[0]), tgt[:, 0]]
+        p0 = first_char_prob(logp[:, 0], tgt[:, 0], token_chars)
         # greedy rollout: top-1 filtering makes the inverse-CDF sampler an argmax
         u = jnp.zeros((ctx.shape[0], 1, horizon))
         tokens, _ = sample(greedy_policy, params, TokenPrompts(ctx, None, {}), u, GREEDY)
@@ -98,11 +123,9 @@ def make_eval_fn(
 
     def evaluate(params, context, target):
         n = context.shape[0]
-        nb = n // batch_size
-        ctx = context[: nb * batch_size].reshape(nb, batch_size, -1)
-        tgt = target[: nb * batch_size].reshape(nb, batch_size, -1)
-        out = jax.lax.map(lambda a: one_batch(params, *a), (ctx, tgt))
-        out = jax.tree.map(lambda x: x.reshape(nb * batch_size, *x.shape[2:]), out)
+        out = jax.lax.map(lambda a: one_batch(params, *a), pad_windows(context, target, batch_size))
+        # the rows are per window: cutting the padding here keeps it out of every metric below
+        out = jax.tree.map(lambda x: x.reshape(-1, *x.shape[2:])[:n], out)
         res = {
             "eval/val_loss": out["nll"].mean(),
             **per_char(out, token_chars),

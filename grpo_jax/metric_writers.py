@@ -81,7 +81,7 @@ def _safe_name(name: str) -> str:
     return re.sub(r"[^\w.-]+", "_", name).strip("._") or "text"
 
 
-def _truncate_rows(path: Path, last_step: int) -> None:
+def truncate_rows(path: Path, last_step: int) -> None:
     """Rewrites ``path`` keeping the lines of rows with step <= ``last_step`` (byte for byte,
     so an uninterrupted run's file and a resumed one's agree). Write-then-rename: a crash
     here leaves the old file, never a half-written one."""
@@ -95,6 +95,27 @@ def _truncate_rows(path: Path, last_step: int) -> None:
             continue  # a partial row of a crash mid-write: read_metrics would skip it too
         if isinstance(step, int) and step <= last_step:
             kept.append(line if line.endswith("\n") else line + "\n")
+    if len(kept) == len(lines):
+        return
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text("".join(kept), encoding="utf-8")
+    os.replace(tmp, path)
+
+
+_SECTION = re.compile(r"^=== step (-?\d+) ===$")
+
+
+def _truncate_sections(path: Path, last_step: int) -> None:
+    """Rewrites a write_text file keeping its sections of steps <= ``last_step`` (and any
+    text before the first header); write-then-rename, as truncate_rows."""
+    kept, keep = [], True
+    lines = path.read_text(encoding="utf-8").splitlines(keepends=True)
+    for line in lines:
+        header = _SECTION.match(line.rstrip("\n"))
+        if header:
+            keep = int(header[1]) <= last_step
+        if keep:
+            kept.append(line)
     if len(kept) == len(lines):
         return
     tmp = path.with_name(f".{path.name}.tmp")
@@ -122,11 +143,14 @@ class MetricWriter:
         config: Any = None,
         start_step: int | None = None,
     ):
-        """``start_step``: the step a run starts (or resumes) from. Rows and TensorBoard
-        events past it came from a run killed after its last checkpoint; the steps are about
-        to be logged again, so they are dropped and each step appears once."""
+        """``start_step``: the step a run starts (or resumes) from. Rows, text sections
+        (write_text) and TensorBoard events past it came from a run killed after its last
+        checkpoint; the steps are about to be logged again, so they are dropped and each step
+        appears once (-1: a run that logs its step 0 again drops that too)."""
         self.workdir = Path(workdir)
         self.enabled = jax.process_index() == 0
+        # text files are cut back to start_step at their first write (their names come later)
+        self._start_step, self._cut = start_step, set()
         self._jsonl = self._tb = self._wandb = None
         if not self.enabled:
             return
@@ -134,7 +158,7 @@ class MetricWriter:
         # Append: a resumed run continues the same file rather than losing history.
         path = self.workdir / "metrics.jsonl"
         if start_step is not None and path.exists():
-            _truncate_rows(path, int(start_step))
+            truncate_rows(path, int(start_step))
         self._jsonl = open(path, "a", encoding="utf-8")
         if _ends_mid_line(path):
             # A crash mid-write left a partial last line; start ours on a fresh
@@ -187,6 +211,9 @@ class MetricWriter:
         if not self.enabled:
             return
         path = self.workdir / f"{_safe_name(name)}.txt"
+        if self._start_step is not None and path not in self._cut and path.exists():
+            _truncate_sections(path, int(self._start_step))
+        self._cut.add(path)
         with open(path, "a", encoding="utf-8") as f:
             f.write(f"=== step {int(step)} ===\n{text}\n\n")
         if self._tb is not None:

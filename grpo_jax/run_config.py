@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 import jax
+from ml_collections import ConfigDict
 
 from grpo_jax import checkpoint as ckpt_lib
 
@@ -121,42 +122,97 @@ def _show(changes: dict[str, tuple], limit: int = 3) -> str:
     return ", ".join(shown) + more
 
 
-def check_resume(workdir: Path, config: Any) -> dict[str, tuple]:
-    """The mutable fields this run changes against the workdir's record ({} for a fresh
-    workdir or the same config); raises ValueError naming the fixed fields it would change."""
-    old = recorded(workdir)
-    if old is None:
-        return {}
-    new = flat(config)
+MODE = "run_mode"  # the record's own field: which --mode trained these checkpoints
+
+
+def _with_mode(config: Any, mode: str) -> dict[str, Any]:
+    return {**flat(config), MODE: mode}
+
+
+def has_checkpoint(workdir: Path) -> bool:
+    return ckpt_lib.latest_step_of(workdir / "checkpoints") is not None
+
+
+def _changes(old: dict[str, Any], new: dict[str, Any]) -> dict[str, tuple]:
     missing = object()
-    changes = {
+    return {
         k: (old.get(k), new.get(k))
         for k in sorted(set(old) | set(new))
         if old.get(k, missing) != new.get(k, missing)
     }
+
+
+def _refuse_fixed(workdir: Path, changes: dict[str, tuple], what: str, fix: str) -> None:
     fixed = {k: v for k, v in changes.items() if not is_mutable(k)}
     if fixed:
         first = next(iter(fixed))
         raise ValueError(
-            f"--workdir {workdir} holds a run with other model/data/objective settings: "
-            f"{_show(fixed)}; resume with the recorded values (e.g. --config.{first}="
-            f"{fixed[first][0]!r}, see {workdir / 'config.json'}) or use a fresh --workdir"
+            f"--workdir {workdir} holds a run with other {what} settings: {_show(fixed)}; "
+            f"{fix} with the recorded values (e.g. --config.{first}={fixed[first][0]!r}, see "
+            f"{workdir / 'config.json'})"
         )
+
+
+def check_resume(workdir: Path, config: Any, mode: str = "train") -> dict[str, tuple]:
+    """The mutable fields this run changes against the workdir's record ({} for a fresh
+    workdir, the same config, or a record without checkpoints: a run that failed before its
+    first save describes nothing, and its rerun may change anything); raises ValueError
+    naming the fixed fields it would change, or the other --mode that trained it."""
+    old = recorded(workdir)
+    if old is None or not has_checkpoint(workdir):
+        return {}
+    if old.setdefault(MODE, mode) != mode:  # records before run_mode: not known, not refused
+        raise ValueError(
+            f"--workdir {workdir} holds a --mode={old[MODE]} run; continue it with "
+            f"--mode={old[MODE]}, or start --mode={mode} in a fresh --workdir (from its "
+            f"params: --config.init_from={workdir})"
+        )
+    changes = _changes(old, _with_mode(config, mode))
+    _refuse_fixed(workdir, changes, "model/data/objective", "use a fresh --workdir or resume")
     return changes
 
 
-def record(workdir: Path, config: Any, changes: dict[str, tuple], step: int) -> None:
-    """Called once the run goes ahead: writes config.json/config.txt for a workdir without a
-    record, else appends this run's changes (if any) to config_history.jsonl (process 0)."""
+EVALUATED = ("task", "model.", "data.")  # what an evaluation of the checkpoints reads
+
+
+def check_evaluation(workdir: Path, config: Any) -> None:
+    """--mode=eval / sample: the task, model and data settings must be the ones the
+    checkpoints were trained with: another split's held-out text would overlap the training
+    text, another tokenizer would read other ids (the objective's settings may differ)."""
+    old = recorded(workdir)
+    if old is None:
+        return
+    read = lambda k: any(k == p or (p.endswith(".") and k.startswith(p)) for p in EVALUATED)
+    changes = {k: v for k, v in _changes(old, flat(config)).items() if read(k)}
+    _refuse_fixed(workdir, changes, "task/model/data", "evaluate")
+
+
+def record(workdir: Path, config: Any, changes: dict[str, tuple], step: int, mode="train"):
+    """Called once the run goes ahead: writes config.json/config.txt (with ``run_mode``) for a
+    workdir without a record or without checkpoints (a new history starts), else appends
+    this run's changes (if any) to config_history.jsonl (process 0)."""
     if jax.process_index() != 0:
         return  # one writer on a shared filesystem
-    if not (workdir / "config.json").is_file():
-        ckpt_lib.save_config(workdir, config)
+    if not (workdir / "config.json").is_file() or not has_checkpoint(workdir):
+        ckpt_lib.save_config(workdir, ConfigDict(_nested(_with_mode(config, mode))))
+        (workdir / HISTORY).unlink(missing_ok=True)
         return
     if changes:
         entry = {"step": int(step), "changed": {k: list(v) for k, v in changes.items()}}
         with open(workdir / HISTORY, "a") as f:
             f.write(json.dumps(entry, sort_keys=True) + "\n")
+
+
+def _nested(flat_record: dict[str, Any]) -> dict[str, Any]:
+    """{"a.b": v} -> {"a": {"b": v}}: config.json keeps the config's own shape."""
+    out: dict[str, Any] = {}
+    for key, value in flat_record.items():
+        *parents, leaf = key.split(".")
+        node = out
+        for p in parents:
+            node = node.setdefault(p, {})
+        node[leaf] = value
+    return out
 
 
 def keep_files(workdir: Path, files) -> None:

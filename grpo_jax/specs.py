@@ -60,11 +60,15 @@ def integers(field: str, value: Any, low: int = 1) -> tuple[int, ...]:
     return tuple(int(v) for v in value)
 
 
-def number(field: str, value: Any, low: float = -math.inf, high: float = math.inf, open_low=False):
+def number(
+    field: str, value: Any, low: float = -math.inf, high: float = math.inf, open_low=False,
+    open_high=False,
+):  # fmt: skip
     ok = isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
-    ok = ok and (value > low if open_low else value >= low) and value <= high
-    bound = f"({low}" if open_low else f"[{low}"
-    require(ok, field, value, f"must be a finite number in {bound}, {high}]")
+    ok = ok and (value > low if open_low else value >= low)
+    ok = ok and (value < high if open_high else value <= high)
+    bounds = f"{'(' if open_low else '['}{low}, {high}{')' if open_high else ']'}"
+    require(ok, field, value, f"must be a finite number in {bounds}")
     return float(value)
 
 
@@ -285,8 +289,9 @@ class OptimSpec:
             end_lr_fraction=number("optim.end_lr_fraction", o.end_lr_fraction, 0.0, 1.0),
             weight_decay=number("optim.weight_decay", o.weight_decay, 0.0),
             grad_clip=number("optim.grad_clip", o.grad_clip, 0.0),
-            b1=number("optim.b1", o.b1, 0.0, 1.0),
-            b2=number("optim.b2", o.b2, 0.0, 1.0),
+            # Adam's bias correction divides by 1 - b**t: b = 1 would divide by 0
+            b1=number("optim.b1", o.b1, 0.0, 1.0, open_high=True),
+            b2=number("optim.b2", o.b2, 0.0, 1.0, open_high=True),
         )
 
 

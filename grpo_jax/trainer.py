@@ -10,6 +10,7 @@ run would.
 import functools
 import json
 import math
+import os
 import time
 from pathlib import Path
 
@@ -90,6 +91,17 @@ def _with_init_from(config, target):
     return config
 
 
+def _as_recorded(workdir, target):
+    """The warm-up directory as the workdir's record spells it, when it names the same
+    directory (a resume may spell the workdir relative where the first run had it absolute,
+    or the other way round); else as this run spells it."""
+    spelled = (run_config.recorded(workdir) or {}).get("init_from") or ""
+    try:
+        return spelled if spelled and os.path.samefile(spelled, target) else target
+    except OSError:  # the recorded path does not exist from here
+        return target
+
+
 def warm_up(config, workdir):
     """``pretrain.before_train``: the task's supervised warm-up runs first in
     ``workdir/pretrain`` (resumable like any run; a finished one is only reloaded) and GRPO
@@ -99,8 +111,17 @@ def warm_up(config, workdir):
         return config
     done = ckpt_lib.latest_step_of(target / "checkpoints")
     if done is None or done < int(config.pretrain.num_steps):
-        logging.info("warm-up: supervised pretraining in %s", target)
-        train_and_evaluate(config, str(target), "pretrain")
+        if run_config.has_checkpoint(workdir):
+            # GRPO started from the warm-up's last step, its initial params and reference:
+            # training the warm-up on would change both under the run's checkpoints
+            logging.info(
+                "warm-up: GRPO in %s started from its step %s; pretrain.num_steps=%s changes "
+                "nothing now",
+                workdir, done, config.pretrain.num_steps,
+            )  # fmt: skip
+        else:
+            logging.info("warm-up: supervised pretraining in %s", target)
+            train_and_evaluate(config, str(target), "pretrain")
     return _with_init_from(config, target)
 
 
@@ -116,8 +137,8 @@ def _check_run(config, workdir, mode):
             sharding.check_group_mode(config.group.mode, mesh)
     workdir = run_config.check_workdir(workdir)
     target = _warm_up_dir(config, workdir) if mode == "train" else None
-    resolved = config if target is None else _with_init_from(config, target)
-    return tc, mesh, workdir, resolved, run_config.check_resume(workdir, resolved)
+    resolved = config if target is None else _with_init_from(config, _as_recorded(workdir, target))
+    return tc, mesh, workdir, resolved, run_config.check_resume(workdir, resolved, mode)
 
 
 def train_and_evaluate(config, workdir: str, mode: str = "train"):
@@ -172,7 +193,7 @@ def _train_and_evaluate(config, workdir: str, mode: str = "train"):
         return state, {}
     if is_main_process():
         logging.info("%s over %d devices", sharding.describe(mesh), mesh.size)
-    run_config.record(workdir, resolved, changes, int(state.step))  # the run goes ahead
+    run_config.record(workdir, resolved, changes, int(state.step), mode)  # the run goes ahead
     run_config.keep_files(workdir, task.files)
     writer = MetricWriter(
         workdir,
@@ -180,7 +201,8 @@ def _train_and_evaluate(config, workdir: str, mode: str = "train"):
         wandb=config.logging.wandb,
         wandb_project=config.logging.wandb_project,
         config=config,
-        start_step=int(state.step),  # a resume drops the rows it is about to log again
+        # a resume drops the rows it is about to log again; so does a rerun's eval at start
+        start_step=int(state.step) - int(int(state.step) == 0 and _eval_at_start(config)),
     )
     try:
         return _loop(config, task, tc, jstep, state, inputs, workdir, ckpt, writer)
@@ -196,7 +218,7 @@ def _loop(config, task, tc, jstep, state, inputs, workdir, ckpt, writer):
     bar = ProgressBar(task.num_steps, start, config.logging.progress, tc.log_every)
     main_process = is_main_process()  # hooks' files and console lines: once, not per process
     last = {}
-    if start == 0 and config.train.get("eval_at_start", False):
+    if start == 0 and _eval_at_start(config):
         last.update(_evaluate(task, state.params, 0, writer, monitor))
     t_last, steps_since = time.perf_counter(), 0
     try:
@@ -204,12 +226,9 @@ def _loop(config, task, tc, jstep, state, inputs, workdir, ckpt, writer):
             state, metrics = jstep(state, inputs)
             steps_since += 1
             loss = float(metrics["loss"])  # the one per-step host read
+            done = step + 1  # steps are counted from 1, as metrics.jsonl and the checkpoints
             if not math.isfinite(loss):
-                raise NonFiniteLossError(
-                    f"non-finite loss ({loss}) at step {step}: stopping; the last good "
-                    f"checkpoint (step {ckpt.latest_step()}) is kept; lower optim.learning_rate"
-                )
-            done = step + 1
+                raise NonFiniteLossError(_non_finite(loss, done, ckpt.latest_step()))
             if task.hooks.on_step is not None and main_process:
                 task.hooks.on_step(workdir, done, metrics)
             if done % tc.log_every == 0 or done == task.num_steps:
@@ -225,18 +244,28 @@ def _loop(config, task, tc, jstep, state, inputs, workdir, ckpt, writer):
                         logging.warning(warning)
                 t_last, steps_since = time.perf_counter(), 0
             if done % tc.eval_every == 0 or done == task.num_steps:
+                t_eval = time.perf_counter()
                 last.update(_evaluate(task, state.params, done, writer, monitor))
-                t_last = time.perf_counter()  # keep eval time out of tokens_per_s
+                t_last += time.perf_counter() - t_eval  # keep eval time out of tokens_per_s
             if done % tc.checkpoint_every == 0 or done == task.num_steps:
                 ckpt.save(done, state, force=True)
             bar.update(done, **{k: last[k] for k in task.log_keys if k in last})
-            if interrupts.requested() is not None:
-                _stop(ckpt, writer, done, state)
+            if interrupts.requested() is not None and done < task.num_steps:
+                _stop(ckpt, writer, done, state)  # a finished run ends as one: on_end runs
     finally:
         bar.close()
     if task.hooks.on_end is not None and main_process:
         task.hooks.on_end(workdir)
     return state, last
+
+
+def _non_finite(loss, step, saved):
+    kept = "no checkpoint was saved yet" if saved is None else f"checkpoint {saved} is kept"
+    return f"non-finite loss ({loss}) at step {step}: stopping; {kept}; lower optim.learning_rate"
+
+
+def _eval_at_start(config) -> bool:
+    return bool(config.train.get("eval_at_start", False))
 
 
 def _stop(ckpt, writer, done, state):
@@ -268,6 +297,7 @@ def restore_params(config, workdir: str, task=None):
     """The params of the latest checkpoint in workdir; a workdir without one is refused
     (nothing is created: an evaluation of a random init would pass for the run's)."""
     task = task or _build_in(config, workdir, "eval")
+    run_config.check_evaluation(Path(workdir).expanduser(), config)
     directory = Path(workdir).expanduser() / "checkpoints"
     if ckpt_lib.latest_step_of(directory) is None:
         raise ValueError(

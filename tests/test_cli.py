@@ -182,14 +182,17 @@ def test_checkpoint_of_another_model_shape_is_refused_untouched(tiny_run, env):
     assert (workdir / "metrics.jsonl").read_bytes() == metrics
 
 
-def test_a_resume_may_change_how_attention_runs_not_the_model(tmp_path):
+def test_a_resume_may_change_how_attention_runs_not_the_model(tmp_path, monkeypatch):
     """model.attention says how the same softmax runs: a record without it (written before it
     existed) or with another value resumes, the change returned for config_history.jsonl; a
     changed width is still refused."""
     import json
 
+    from grpo_jax import run_config
     from grpo_jax.configs.shakespeare import get_config
     from grpo_jax.run_config import check_resume
+
+    monkeypatch.setattr(run_config, "has_checkpoint", lambda workdir: True)  # a record in use
 
     config = get_config("tiny")
     old = json.loads(config.to_json_best_effort())
@@ -201,6 +204,92 @@ def test_a_resume_may_change_how_attention_runs_not_the_model(tmp_path):
     config.model.d_model = 64
     with pytest.raises(ValueError, match=r"model.d_model=\d+ \(now 64\)"):
         check_resume(tmp_path, config)
+
+
+def _committed(workdir, step=2):
+    """A committed checkpoint folder, as checkpoint.latest_step_of reads one."""
+    from grpo_jax import checkpoint as ckpt_lib
+
+    (workdir / "checkpoints" / str(step)).mkdir(parents=True)
+    (workdir / "checkpoints" / str(step) / "_CHECKPOINT_METADATA").write_text("{}")
+    assert ckpt_lib.latest_step_of(workdir / "checkpoints") == step
+
+
+def test_the_record_names_its_mode_and_binds_only_once_a_checkpoint_exists(tmp_path):
+    """A workdir's record: its run_mode refuses another --mode (a GRPO run resumed the
+    pretraining's optimizer state and pruned its checkpoints), and a record with no checkpoint
+    beside it (a run that failed before its first save) binds nothing: the rerun may change
+    any setting, and its record replaces the old one, history and all."""
+    from grpo_jax.configs.shakespeare import get_config
+    from grpo_jax.run_config import HISTORY, check_resume, record, recorded
+
+    config = get_config("tiny")
+    record(tmp_path, config, {}, 0, "pretrain")
+    assert recorded(tmp_path)["run_mode"] == "pretrain"
+    (tmp_path / HISTORY).write_text('{"step": 1, "changed": {"seed": [0, 5]}}\n')
+    lr = config.optim.learning_rate
+    config.optim.learning_rate = 1e-2
+    assert check_resume(tmp_path, config, "train") == {}  # no checkpoint yet: nothing binds
+    record(tmp_path, config, {}, 0, "train")
+    assert recorded(tmp_path)["optim.learning_rate"] == 1e-2 and not (tmp_path / HISTORY).exists()
+    _committed(tmp_path)
+    with pytest.raises(
+        ValueError, match=r"holds a --mode=train run; continue it with --mode=train"
+    ):
+        check_resume(tmp_path, config, "pretrain")
+    config.optim.learning_rate = lr
+    with pytest.raises(ValueError, match=r"optim.learning_rate=0.01 \(now"):
+        check_resume(tmp_path, config, "train")
+
+
+def test_an_evaluation_reads_the_checkpoints_under_their_task_model_and_data(tmp_path):
+    """--mode=eval on a workdir refuses other model / data settings (another split would
+    evaluate on the training text) in one line, and allows another objective or optimizer."""
+    from grpo_jax.configs.shakespeare import get_config
+    from grpo_jax.run_config import check_evaluation, record
+
+    config = get_config("tiny")
+    record(tmp_path, config, {}, 0, "train")
+    _committed(tmp_path)
+    config.grpo.beta, config.optim.grad_clip, config.eval.batch_size = 0.5, 0.0, 3
+    check_evaluation(tmp_path, config)  # the objective and the evaluation may differ
+    config.data.train_fraction = 0.5
+    with pytest.raises(ValueError, match=r"data.train_fraction=0.9 \(now 0.5\); evaluate"):
+        check_evaluation(tmp_path, config)
+
+
+def test_a_warm_up_is_found_however_the_workdir_is_spelled(tmp_path, monkeypatch):
+    """The warm-up's init_from is recorded as the first run spelled the workdir: a resume that
+    spells it absolute (or relative) names the same directory and is not refused."""
+    from grpo_jax import trainer
+    from grpo_jax.configs.arithmetic import get_config
+    from grpo_jax.run_config import check_resume, record
+
+    monkeypatch.chdir(tmp_path)
+    config = get_config("tiny")
+    (tmp_path / "run" / "pretrain").mkdir(parents=True)
+    record(Path("run"), trainer._with_init_from(config, Path("run") / "pretrain"), {}, 4)
+    _committed(tmp_path / "run")
+    absolute = tmp_path / "run"
+    spelled = trainer._as_recorded(absolute, absolute / "pretrain")
+    assert spelled == "run/pretrain"
+    assert check_resume(absolute, trainer._with_init_from(config, spelled)) == {}
+
+
+def test_a_started_grpo_run_does_not_train_its_warm_up_on(tmp_path, monkeypatch):
+    """Raising pretrain.num_steps once GRPO has checkpoints would move its initial params and
+    KL reference under them: the warm-up is only reloaded."""
+    from grpo_jax import trainer
+    from grpo_jax.configs.arithmetic import get_config
+
+    config = get_config("tiny")
+    _committed(tmp_path / "pretrain", step=int(config.pretrain.num_steps))
+    _committed(tmp_path, step=4)
+    config.pretrain.num_steps += 4
+    called = []
+    monkeypatch.setattr(trainer, "train_and_evaluate", lambda *a: called.append(a))
+    assert trainer.warm_up(config, tmp_path).init_from == str(tmp_path / "pretrain")
+    assert called == []
 
 
 def test_unreadable_checkpoints_are_one_line_without_loop_tracebacks(tiny_run, env, tmp_path):

@@ -75,6 +75,26 @@ def test_text_log(tmp_path: Path) -> None:
     assert (tmp_path / "eval_samples.txt").read_text() == "=== step 10 ===\nx\n\n"
 
 
+def test_a_resumed_writer_cuts_text_sections_past_its_start(tmp_path: Path) -> None:
+    """samples.txt sections of steps a killed run logged after its last checkpoint are
+    dropped at the resumed run's first write (as metrics.jsonl's rows); start_step=-1 (a
+    rerun that evaluates step 0 again) drops step 0's too. Other text files are untouched."""
+    (tmp_path / "config.txt").write_text("=== step 9 ===\nnot a log\n")
+    with MetricWriter(tmp_path) as writer:
+        for step in (0, 2, 4, 6):
+            writer.write_text(step, "samples", f"s{step}")
+    with MetricWriter(tmp_path, start_step=4) as writer:
+        writer.write_text(6, "samples", "again")
+        writer.write_text(8, "samples", "s8")
+    text = (tmp_path / "samples.txt").read_text()
+    assert text == "".join(f"=== step {s} ===\n{t}\n\n" for s, t in
+                           [(0, "s0"), (2, "s2"), (4, "s4"), (6, "again"), (8, "s8")])  # fmt: skip
+    with MetricWriter(tmp_path, start_step=-1) as writer:
+        writer.write_text(0, "samples", "fresh")
+    assert (tmp_path / "samples.txt").read_text() == "=== step 0 ===\nfresh\n\n"
+    assert (tmp_path / "config.txt").read_text() == "=== step 9 ===\nnot a log\n"
+
+
 def test_wandb_missing_warns_once_and_continues(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:

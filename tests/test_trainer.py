@@ -206,6 +206,32 @@ def test_pretrain_then_init_from(tmp_path, shakespeare_path):
     assert differs(fresh, pre_state.params)
 
 
+def test_a_signal_in_the_last_step_finishes_the_run(tmp_path, shakespeare_path, monkeypatch):
+    """SIGTERM during the final step: the run is complete, so it ends as one (on_end draws
+    the heatmap) instead of reporting an interruption a rerun could not resume from."""
+    import signal
+
+    from grpo_jax import interrupts
+
+    monkeypatch.setattr(interrupts, "requested", lambda: signal.SIGTERM)
+    state, _, _ = run(tiny(shakespeare_path), tmp_path, num_steps=1)  # the resume run's program
+    assert int(state.step) == 1 and (tmp_path / "char_heatmap.png").is_file()
+
+
+def test_a_resumed_runs_char_stats_drop_the_rows_it_logs_again(tmp_path):
+    """char_stats.jsonl rows of steps past a resume's start (a run killed after its last
+    checkpoint) are dropped at the resumed run's first step, as metrics.jsonl's rows."""
+    from grpo_jax.tasks.shakespeare import char_stats_hooks
+
+    path = tmp_path / "char_stats.jsonl"
+    path.write_text("".join(json.dumps({"step": s}) + "\n" for s in (1, 2, 3, 4)))
+    hooks = char_stats_hooks(1, ["a", "b"])
+    metrics = {"first_token/reward": np.array([1.0, 0.0]), "first_token/best": np.array([1, 0])}
+    hooks.on_step(tmp_path, 3, metrics)  # resumed from checkpoint 2
+    hooks.on_step(tmp_path, 4, metrics)
+    assert [json.loads(line)["step"] for line in path.read_text().splitlines()] == [1, 2, 3, 4]
+
+
 # ---------------------------------------------------------------------------------------------
 # 4: a non-finite loss stops the run before anything is saved; the last checkpoint survives.
 
@@ -232,7 +258,8 @@ def test_non_finite_loss_stops_and_keeps_checkpoint(tmp_path, shakespeare_path):
     with pytest.raises(trainer.NonFiniteLossError) as err:
         run(config, tmp_path, mode="pretrain", wrap_step=nan_loss_at(2))
     message = str(err.value)
-    assert "\n" not in message and "nan" in message and "(step 2)" in message
+    assert "\n" not in message and "nan" in message and "at step 3:" in message
+    assert "checkpoint 2 is kept" in message
     assert sorted(int(p.name) for p in (tmp_path / "checkpoints").iterdir()) == [2]
     assert max(r["step"] for r in read_metrics(tmp_path)) == 2  # step 3 was never logged
     task = trainer.build_task(config, "pretrain")

@@ -39,6 +39,7 @@ VARIANTS = SIZES  # the tokens get_config(arg) accepts, comma-separated
 
 def get_config(arg=None):
     tokens = blocks.variant_tokens(arg, VARIANTS, "fill_in")
+    blocks.pick_one(tokens, SIZES, None, "sizes")  # full and tiny would mix into a hybrid
 
     c = config_dict.ConfigDict()
     c.task = "fill_in"  # which task plug-in runs (grpo_jax/tasks/__init__.py TASKS)

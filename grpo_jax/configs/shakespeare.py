@@ -39,6 +39,7 @@ def get_config(arg=None):
     bpe_token = [f"bpe{size}", "bpe"] if size else []
     tokens = blocks.variant_tokens(arg, VARIANTS + tuple(bpe_token), "shakespeare")
     mode = blocks.pick_one(tokens, GROUP_MODES, "exhaustive", "group modes")
+    blocks.pick_one(tokens, SIZES, None, "sizes")  # full and tiny would mix into a hybrid
 
     c = config_dict.ConfigDict()
     c.task = "shakespeare"  # which task plug-in runs (grpo_jax/tasks/__init__.py TASKS)

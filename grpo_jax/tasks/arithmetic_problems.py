@@ -107,6 +107,9 @@ def generate_problems(
     Ops are balanced (each gets an equal share unless its space is too small) and the
     operands of an op are a uniform draw without replacement from its space. All
     problems are drawn at once and then split, which is what makes the sets disjoint.
+    The split is by prompt: a held-out a+b or a*b may have its commuted twin b+a / b*a in
+    the train set (181 of the default config's 512 held-out problems), so held-out accuracy
+    measures generalisation over strings, not over unseen sums and products.
     """
     grid = _operand_sizes(spec)
     sizes = {op: n_a * n_b for op, (n_a, n_b) in grid.items()}

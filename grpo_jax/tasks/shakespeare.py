@@ -20,6 +20,7 @@ import numpy as np
 from grpo_jax import bpe, candidates, engine, groups, pretrain, reference, rewards, sharding
 from grpo_jax import data as data_lib
 from grpo_jax import evaluate as eval_lib
+from grpo_jax.metric_writers import truncate_rows
 from grpo_jax.model import init_params, make_model
 from grpo_jax.policy import Reference, TokenPrompts, policy_reference, transformer_policy
 from grpo_jax.specs import (
@@ -162,11 +163,15 @@ def char_stats_hooks(every: int, labels) -> Hooks:
     """Accumulate exhaustive groups' per-first-token return and best-share every step; write
     char_stats.jsonl (``labels``: the tokens' strings) every ``every`` steps and draw
     char_heatmap.png at the end."""
-    acc = {"sum": None, "n": 0}
+    acc = {"sum": None, "n": 0, "resumed": False}
 
     def on_step(workdir, step, metrics):
         if "first_token/reward" not in metrics:
             return
+        path = workdir / "char_stats.jsonl"
+        if not acc["resumed"] and path.exists():  # rows past a resume's step: logged again
+            truncate_rows(path, step - 1)
+        acc["resumed"] = True
         cm = np.stack([metrics["first_token/reward"], metrics["first_token/best"]])
         acc["sum"] = cm if acc["sum"] is None else acc["sum"] + cm
         acc["n"] += 1
@@ -178,7 +183,7 @@ def char_stats_hooks(every: int, labels) -> Hooks:
                 "reward": [round(float(x), 5) for x in stats[0]],
                 "best": [round(float(x), 5) for x in stats[1]],
             }
-            with open(workdir / "char_stats.jsonl", "a") as f:
+            with open(path, "a") as f:
                 f.write(json.dumps(row) + "\n")
             acc["sum"], acc["n"] = None, 0
 
