@@ -303,19 +303,47 @@ class Checkpointer:
         self.close()
 
 
-def load_params(checkpoint_dir_or_workdir: str | os.PathLike, params_template: Any) -> Any:
+def load_params(
+    checkpoint_dir_or_workdir: str | os.PathLike, params_template: Any, identity=None
+) -> Any:
     """Returns the ``params`` subtree of the latest TrainState checkpoint (``init_from``).
 
     Only ``params`` is read (orbax partial restore), so no optimizer-state
-    template is needed and the optimizer may differ from the saved run's.
+    template is needed and the optimizer may differ from the saved run's. The params are
+    checked against the digest saved with them (a flipped bit is refused, as on resume),
+    and the checkpoint's vocabulary against ``identity``'s when given (the data may differ:
+    GRPO may start from a model pretrained on another corpus of the same vocabulary).
     """
     try:
-        return _load_params(checkpoint_dir_or_workdir, params_template)
+        return _load_params(checkpoint_dir_or_workdir, params_template, identity or {})
     except DamagedCheckpointError as err:
         raise CheckpointError(f"{err}; {_FIX}") from err
 
 
-def _load_params(checkpoint_dir_or_workdir: str | os.PathLike, params_template: Any) -> Any:
+def _checked_params(mngr, step: int, where: str, restored: Any, identity: dict) -> Any:
+    """``restored`` params once the step's integrity record (if any) vouches for them."""
+    if not (Path(mngr.directory) / str(step) / _INTEGRITY).exists():
+        return restored  # saved before checkpoints recorded digests: nothing to check
+    try:
+        record = mngr.restore(step, args=ocp.args.Composite(**{_INTEGRITY: ocp.args.JsonRestore()}))
+    except Exception as err:
+        raise _unreadable(where, err) from err
+    record = record[_INTEGRITY] or {}
+    vocab = {k: v for k, v in identity.items() if k in ("vocab_sha256", "vocab_file")}
+    mismatch = integrity.identity_mismatch(step, record.get("identity", {}), vocab)
+    if mismatch:
+        raise CheckpointError(mismatch)
+    saved = (record.get("state_sha256") or {}).get("params")
+    read = (integrity.state_sha256({"params": restored}) or {}).get("params")
+    bad = integrity.state_mismatch({"params": saved} if saved else None, {"params": read})
+    if bad:
+        raise DamagedCheckpointError(f"{where} is damaged: {bad}")
+    return restored
+
+
+def _load_params(
+    checkpoint_dir_or_workdir: str | os.PathLike, params_template: Any, identity
+) -> Any:
     path = Path(checkpoint_dir_or_workdir).expanduser().absolute()
     if (path / "checkpoints").is_dir():
         path = path / "checkpoints"
@@ -351,9 +379,9 @@ def _load_params(checkpoint_dir_or_workdir: str | os.PathLike, params_template: 
         )
         try:
             restored = mngr.restore(step, args=ocp.args.Composite(**{_STATE: args}))
-            return restored[_STATE]["params"]
         except Exception as err:
             raise _unreadable(where, err) from err
+        return _checked_params(mngr, step, where, restored[_STATE]["params"], identity)
 
 
 def ensure_workdir(workdir: str | os.PathLike) -> Path:

@@ -12,6 +12,7 @@ the second for comments too long for one line). Fields that a shared block of
 from __future__ import annotations
 
 import ast
+import importlib.util
 import io
 import tokenize
 from pathlib import Path
@@ -62,9 +63,22 @@ def _assignments(source: str):
                     yield func.name, ".".join(path), _comment_for(node, lines, comments), node.value
 
 
+def defining_file(config_file: str | Path) -> Path:
+    """The file whose ``get_config`` the config file runs: itself, or the module it imports
+    ``get_config`` from (the checkout's ``configs/*.py`` re-export the packaged configs)."""
+    for node in ast.parse(Path(config_file).read_text()).body:
+        if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            if any(alias.name == "get_config" for alias in node.names):
+                spec = importlib.util.find_spec(node.module)
+                if spec is not None and spec.origin:
+                    return Path(spec.origin)
+    return Path(config_file)
+
+
 def field_comments(config_file: str | Path) -> dict[str, str]:
     """{dotted field: comment} for a config file, blocks included; the first non-empty comment
     of a field wins (variants re-assign fields without repeating the comment)."""
+    config_file = defining_file(config_file)
     blocks_source = Path(config_blocks.__file__).read_text()
     block_fields: dict[str, dict[str, str]] = {}
     for func, path, comment, _ in _assignments(blocks_source):

@@ -118,7 +118,9 @@ def resolve(
 
 def check_config(launch: Launch, distributed: bool) -> None:
     """Launch flags without ``config.distributed=True`` would be silently ignored: refuse.
-    (The environment variables alone are not checked: a cluster may set them for others.)"""
+    ``launch`` holds the flags only (``resolve(..., environ={})``): the environment variables
+    are neither checked nor read unless the run is distributed, since a cluster may set them
+    for other programs."""
     if launch.given() and not distributed:
         raise ValueError(
             "--coordinator_address/--num_processes/--process_id/--local_device_ids only apply "

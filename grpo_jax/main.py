@@ -86,10 +86,10 @@ def _join(config, launch: dist.Launch | None) -> None:
     """Joins the multi-process run before jax starts its backend (``config.distributed``)."""
     launch = launch or dist.Launch()
     distributed = bool(config.get("distributed", False))
-    dist.check_config(launch, distributed)
+    dist.check_config(launch, distributed)  # the flags: the environment may be a cluster's
     if not distributed:
         return
-    dist.initialize(launch)
+    dist.initialize(dist.resolve(*launch))  # each unset flag from its JAX_* variable
     if not dist.is_main_process():
         # Every process runs the same program on the same values, so the other processes'
         # info and warning lines (eval, diagnostics, corpus, orbax) are copies of process 0's;
@@ -118,8 +118,12 @@ def main(argv):
     if len(argv) > 1:  # absl's UsageError would print the usage banner too
         _fail(f"unexpected arguments {argv[1:]}: give settings as flags, e.g. --mode=eval")
     try:
-        launch = dist.resolve(
-            FLAGS.coordinator_address, FLAGS.num_processes, FLAGS.process_id, FLAGS.local_device_ids
+        launch = dist.resolve(  # the flags alone, checked; the environment once distributed
+            FLAGS.coordinator_address,
+            FLAGS.num_processes,
+            FLAGS.process_id,
+            FLAGS.local_device_ids,
+            environ={},
         )
         if FLAGS.mode == "print_config":  # nothing to join, train or touch
             from grpo_jax import config_doc

@@ -190,8 +190,8 @@ def make_member_map(mesh: Mesh):
 
     ``fn`` closes over the params and the prompt's prefix cache; inside the shard_map they
     are whole along ``member`` (every member of a prompt needs the same prefix), which is
-    what a closed-over value is. K is padded to a multiple of the axis size with member 0's
-    token and zero uniforms; the padded members' outputs are sliced off before returning."""
+    what a closed-over value is. K is padded to a multiple of the axis size with members of
+    token 0 and zero uniforms; their outputs are sliced off before returning."""
     nv = mesh.shape["member"]
 
     def member_map(fn, first_tokens, u):

@@ -73,7 +73,7 @@ def initial_params(config, task):
     """Deterministic initial policy: random init from the seed, or ``init_from``'s params."""
     params = task.init_params(jax.random.PRNGKey(config.seed))
     if config.init_from:
-        params = ckpt_lib.load_params(config.init_from, params)
+        params = ckpt_lib.load_params(config.init_from, params, run_identity(task))
         logging.info("initialised params from %s", config.init_from)
     return params
 
@@ -297,6 +297,8 @@ def restore_params(config, workdir: str, task=None):
     """The params of the latest checkpoint in workdir; a workdir without one is refused
     (nothing is created: an evaluation of a random init would pass for the run's)."""
     task = task or _build_in(config, workdir, "eval")
+    if Path(workdir).expanduser().is_file():
+        raise ValueError(f"--workdir {workdir} is a file; pass the directory of a run")
     run_config.check_evaluation(Path(workdir).expanduser(), config)
     directory = Path(workdir).expanduser() / "checkpoints"
     if ckpt_lib.latest_step_of(directory) is None:

@@ -174,6 +174,7 @@ CASES = {
     "eval_without_checkpoint": ([*BASE, "--mode=eval", "--workdir={root}/none"], ["none"]),
     "sample_without_checkpoint": ([*BASE, "--mode=sample", "--workdir={root}/none"], ["none"]),
     "eval_in_empty_dir": ([*BASE, "--mode=eval", "--workdir={root}"], ["no checkpoint"]),
+    "eval_on_a_file": ([*BASE, "--mode=eval", "--workdir={root}/a_file"], ["is a file"]),
 }
 
 

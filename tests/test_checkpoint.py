@@ -172,6 +172,27 @@ def test_load_params_from_workdir_and_dir(tmp_path: Path) -> None:
         load_params(tmp_path, make_state(hidden=4).params)
 
 
+def test_load_params_checks_the_digest_and_the_vocabulary(tmp_path: Path) -> None:
+    """init_from reads params as a resume does: a flipped bit is refused (orbax reads it
+    back silently), and so is a checkpoint of another vocabulary; another data file is not."""
+    saved = {"vocab_sha256": "a" * 64, "data_sha256": "c" * 64}
+    with Checkpointer(tmp_path / "checkpoints", identity=saved) as ckpt:
+        ckpt.save(2, make_state(hidden=512))
+    template = make_state(hidden=512, steps=0).params
+    load_params(tmp_path, template, {"vocab_sha256": "a" * 64, "data_sha256": "d" * 64})
+    with pytest.raises(CheckpointError, match=r"trained on a vocabulary with digest aaaa"):
+        load_params(tmp_path, template, {"vocab_sha256": "b" * 64})
+    data = max(
+        (p for p in (tmp_path / "checkpoints/2/state").rglob("d/*") if p.is_file()),
+        key=lambda p: p.stat().st_size,
+    )
+    raw = bytearray(data.read_bytes())
+    raw[len(raw) // 2] ^= 0x04
+    data.write_bytes(bytes(raw))
+    with pytest.raises(CheckpointError, match=r"step 2 is damaged: params bytes do not match"):
+        load_params(tmp_path, template)
+
+
 def test_load_params_missing(tmp_path: Path) -> None:
     with pytest.raises(CheckpointError, match="no checkpoint directory at"):
         load_params(tmp_path / "nope", {})

@@ -38,6 +38,17 @@ def test_listing_shows_value_and_comment_of_each_field():
     assert "# devices on the member axis" in lines["mesh.member"]
 
 
+def test_a_checkout_config_path_documents_the_packaged_configs_fields():
+    """configs/<name>.py in a checkout only re-exports the packaged get_config: its comments
+    are the packaged file's (the shim itself has none: every field read "no comment")."""
+    from pathlib import Path
+
+    shim = Path(__file__).resolve().parents[1] / "configs" / "shakespeare.py"
+    assert config_doc.defining_file(shim) == config_blocks.config_path("shakespeare")
+    packaged = config_doc.field_comments(config_blocks.config_path("shakespeare"))
+    assert config_doc.field_comments(shim) == packaged and packaged["group.size"]
+
+
 def test_comment_parser_on_a_hand_written_file(tmp_path):
     source = textwrap.dedent(
         """

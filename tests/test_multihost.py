@@ -285,19 +285,23 @@ def test_bad_launch_settings_are_one_line(kwargs, environ, words):
 
 def test_cli_says_how_to_join_when_there_is_nothing_to_join(env4, tmp_path):
     """distributed=True on a lone machine, and launch flags without distributed=True: one
-    error line each, naming the flags; no workdir is made."""
+    error line each, naming the flags; no workdir is made. A cluster's JAX_* variables alone
+    are not launch flags: the lone eval goes on (to its own error, no checkpoint)."""
     cases = {
         "nothing": ["--config.distributed=True"],
         "no_process_id": ["--config.distributed=True", "--coordinator_address=127.0.0.1:1"]
         + ["--num_processes=2"],
         "not_distributed": ["--num_processes=2", "--process_id=0"],
+        # a cluster's variables (even a malformed one) do not make a lone run distributed
+        "cluster_environment": ["--mode=eval"],
     }
+    cluster = {"JAX_COORDINATOR_ADDRESS": "10.0.0.1:1234", "JAX_NUM_PROCESSES": "two"}
     procs = {
         name: subprocess.Popen(
             [sys.executable, "-m", "grpo_jax.main", "--config=shakespeare:tiny", *args]
             + [f"--workdir={tmp_path / name}"],
             cwd=ROOT,
-            env=env4,
+            env={**env4, **(cluster if name == "cluster_environment" else {})},
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
@@ -309,6 +313,7 @@ def test_cli_says_how_to_join_when_there_is_nothing_to_join(env4, tmp_path):
         "nothing": ["--coordinator_address", "--num_processes", "--process_id", "no TPU pod"],
         "no_process_id": ["--process_id (or JAX_PROCESS_ID) is not set"],
         "not_distributed": ["--config.distributed=True"],
+        "cluster_environment": ["has no checkpoint to evaluate"],
     }
     for name, (_, err, code) in results.items():
         lines = [line for line in err.splitlines() if not ABSL_LOG_LINE.match(line)]
