@@ -49,10 +49,21 @@ def _comment_for(node, lines: list[str], comments: dict[int, str]) -> str:
     return " ".join(reversed(above))
 
 
+def _in_branches(tree) -> set[int]:
+    """ids of the nodes under an ``if``: a variant's settings, not the field's own."""
+    inside = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.If):
+            for stmt in node.body + node.orelse:
+                inside.update(id(n) for n in ast.walk(stmt))
+    return inside
+
+
 def _assignments(source: str):
-    """(dotted path, comment, the assigned value node) for every ``x.a.b = ...`` in ``source``,
-    with the enclosing top-level function's name."""
+    """(function, dotted path, comment, the assigned value node, under an ``if``) for every
+    ``x.a.b = ...`` in ``source``'s top-level functions."""
     tree, lines, comments = ast.parse(source), source.splitlines(), _comments_by_line(source)
+    branches = _in_branches(tree)
     for func in tree.body:
         if not isinstance(func, ast.FunctionDef):
             continue
@@ -60,7 +71,8 @@ def _assignments(source: str):
             if isinstance(node, ast.Assign) and len(node.targets) == 1:
                 path = _attribute_path(node.targets[0])
                 if path:
-                    yield func.name, ".".join(path), _comment_for(node, lines, comments), node.value
+                    comment = _comment_for(node, lines, comments)
+                    yield func.name, ".".join(path), comment, node.value, id(node) in branches
 
 
 def defining_file(config_file: str | Path) -> Path:
@@ -76,37 +88,47 @@ def defining_file(config_file: str | Path) -> Path:
 
 
 def field_comments(config_file: str | Path) -> dict[str, str]:
-    """{dotted field: comment} for a config file, blocks included; the first non-empty comment
-    of a field wins (variants re-assign fields without repeating the comment)."""
-    config_file = defining_file(config_file)
-    blocks_source = Path(config_blocks.__file__).read_text()
+    """{dotted field: comment} for a config file, blocks included. The unconditional settings'
+    comments come first, a variant's (under an ``if``) only fill the gaps: its comment speaks
+    of its own value. Within each, the first non-empty comment of a field wins (variants
+    re-assign fields without repeating the comment)."""
+    source = defining_file(config_file).read_text()
     block_fields: dict[str, dict[str, str]] = {}
-    for func, path, comment, _ in _assignments(blocks_source):
+    for func, path, comment, _, _ in _assignments(Path(config_blocks.__file__).read_text()):
         block_fields.setdefault(func, {}).setdefault(path, comment)
     out: dict[str, str] = {}
-    for _, path, comment, value in _assignments(Path(config_file).read_text()):
-        if comment and not out.get(path):
-            out[path] = comment
-        out.setdefault(path, "")
-        called = value.func if isinstance(value, ast.Call) else None
-        if isinstance(called, ast.Attribute) and called.attr in block_fields:
-            for field, field_comment in block_fields[called.attr].items():
-                out.setdefault(f"{path}.{field}", field_comment)
-    for path, func in _block_calls(Path(config_file).read_text()):
-        for field, field_comment in block_fields.get(func, {}).items():
-            # a variant's bare re-assignment (no comment) keeps the block's comment
-            out[f"{path}.{field}"] = out.get(f"{path}.{field}") or field_comment
+    for in_variant in (False, True):
+        for _, path, comment, value, branch in _assignments(source):
+            if branch != in_variant:
+                continue
+            if comment and not out.get(path):
+                out[path] = comment
+            out.setdefault(path, "")
+            called = value.func if isinstance(value, ast.Call) else None
+            if isinstance(called, ast.Attribute) and called.attr in block_fields:
+                for field, field_comment in block_fields[called.attr].items():
+                    out.setdefault(f"{path}.{field}", field_comment)
+        for path, func in _block_calls(source, in_variant):
+            for field, field_comment in block_fields.get(func, {}).items():
+                # a variant's bare re-assignment (no comment) keeps the block's comment
+                out[f"{path}.{field}"] = out.get(f"{path}.{field}") or field_comment
     return out
 
 
-def _block_calls(source: str):
-    """(dotted path, function) of every ``blocks.f(c.a.b, ...)`` statement: a block function
-    that adds fields to an existing block."""
-    for node in ast.walk(ast.parse(source)):
+def _block_calls(source: str, in_variant: bool):
+    """(dotted path, function) of every ``blocks.f(c.a.b, ...)`` statement (under an ``if``
+    or not, as ``in_variant`` says): a block function that adds fields to an existing block."""
+    tree = ast.parse(source)
+    branches = _in_branches(tree)
+    for node in ast.walk(tree):
         if isinstance(node, ast.Expr) and isinstance(node.value, ast.Call):
             call = node.value
             path = _attribute_path(call.args[0]) if call.args else None
-            if isinstance(call.func, ast.Attribute) and path:
+            if (
+                isinstance(call.func, ast.Attribute)
+                and path
+                and (id(node) in branches) == in_variant
+            ):
                 yield ".".join(path), call.func.attr
 
 

@@ -1,7 +1,7 @@
 """Bad input through the entry point (``grpo_jax.main.cli``, in-process): for each case a
 non-zero exit, exactly one ``error:`` line, no traceback, and every file of an existing good
 workdir byte-identical (sha256), nothing added or removed. Most cases fail before any data,
-workdir or compilation is touched, which keeps the ~55 cases to seconds.
+workdir or compilation is touched, which keeps the 64 cases to seconds.
 
 The good workdir is one finished ``toy_bandit:tiny`` run (TensorBoard on, so that a run that
 went ahead would add an event file). Also here: a no-op rerun adds no file, a resume that

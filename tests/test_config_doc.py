@@ -61,8 +61,12 @@ def test_comment_parser_on_a_hand_written_file(tmp_path):
             # line two
             c.b = 2
             c.mesh = blocks.mesh_block()
+            c.group = Dict()
+            blocks.cheap_group_fields(c.group, num_classes=8)
             if arg:
                 c.a = 3
+                c.group.num_classes = 32  # the variant's own value: not the field's comment
+                c.only_in_variant = 5  # a variant's field
             c.uncommented = 4
             return c
         """
@@ -73,6 +77,8 @@ def test_comment_parser_on_a_hand_written_file(tmp_path):
     assert comments["a"] == "trailing"
     assert comments["b"] == "above, line one line two"
     assert comments["mesh.data"].startswith("devices on the data axis")
+    assert comments["group.num_classes"].startswith("hierarchical, class_kind=blocks")
+    assert comments["only_in_variant"] == "a variant's field"
     assert comments["uncommented"] == ""
 
 

@@ -9,6 +9,7 @@ import chex
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "experiments"))
 import measure
@@ -147,3 +148,160 @@ def test_a_platform_dependent_branch_counts_as_this_backend_runs_it():
     assert matmul_flops_of(jax.make_jaxpr(by_value)(x).jaxpr) == 2 * 8 * 8 * 8
     elsewhere = lambda x: jax.lax.platform_dependent(x, cuda=square, tpu=jnp.tanh)
     assert matmul_flops_of(jax.make_jaxpr(elsewhere)(x).jaxpr) == 2 * 8 * 8 * 8
+
+
+@pytest.fixture
+def cudnn_traces(monkeypatch):
+    """jax's cuDNN attention traced on a CPU: its version query stubbed, as
+    tests/test_model_rollout.py does (tracing only: nothing lowers for a GPU)."""
+    fa = pytest.importorskip("jax._src.cudnn.fused_attention_stablehlo")
+    if not hasattr(fa, "check_cudnn_version"):
+        pytest.skip("this jax checks cuDNN elsewhere")
+    monkeypatch.setattr(fa, "check_cudnn_version", lambda: 91000)
+
+
+def _attention_counts(impl, *shapes, **kw):
+    """(forward, forward + backward) matmul FLOPs of jax.nn.dot_product_attention."""
+    from measure import matmul_flops_of
+
+    f = lambda q, k, v, m: jax.nn.dot_product_attention(q, k, v, mask=m, implementation=impl, **kw)
+    loss = lambda *a: jnp.sum(f(*a).astype(jnp.float32))
+    args = [jax.ShapeDtypeStruct(s, t) for s, t in shapes]
+    fwd = matmul_flops_of(jax.make_jaxpr(f)(*args).jaxpr, batched=True)
+    both = matmul_flops_of(jax.make_jaxpr(jax.grad(loss, argnums=(0, 1, 2)))(*args).jaxpr)
+    return fwd, both
+
+
+def test_cudnn_attention_counts_as_the_products_its_flash_kernel_runs(cudnn_traces):
+    """q [B, T, N, H] = [2, 8, 3, 8] against S = 16 keys: each product is 2·B·N·T·S·H = 12288
+    FLOPs. Forward, QKᵀ and PV, as the xla implementation's einsums (2 products, batched); the
+    gradient's four (dP, dV, dQ, dK), and for cuDNN's flash backward a fifth, QKᵀ recomputed.
+    The old counter saw only dot_generals: cuDNN's fused calls counted 0."""
+    bf16 = jnp.bfloat16
+    shapes = ((2, 8, 3, 8), bf16), ((2, 16, 3, 8), bf16), ((2, 16, 3, 8), bf16)
+    shapes += (((2, 1, 8, 16), jnp.bool_),)
+    one = 2 * 2 * 3 * 8 * 16 * 8
+    assert _attention_counts("xla", *shapes) == (2 * one, 6 * one)
+    assert _attention_counts("cudnn", *shapes) == (2 * one, 7 * one)
+
+
+def test_cudnn_attention_that_skips_tiles_is_reported_not_counted(cudnn_traces):
+    """A causal mask lets cuDNN skip tiles (its tiling decides how many): the counter raises
+    by default, naming the primitive, and with a list it records the call and counts 0."""
+    from measure import UncountedMatmulError, matmul_flops_of
+
+    q = jax.ShapeDtypeStruct((2, 8, 3, 8), jnp.bfloat16)
+    f = lambda q: jax.nn.dot_product_attention(q, q, q, is_causal=True, implementation="cudnn")
+    jaxpr = jax.make_jaxpr(f)(q).jaxpr
+    with pytest.raises(UncountedMatmulError, match="dot_product_attention_fwd_wrapper"):
+        matmul_flops_of(jaxpr)
+    uncounted = []
+    assert matmul_flops_of(jaxpr, uncounted=uncounted) == 0
+    assert [(e["primitive"], e["runs"]) for e in uncounted] == [
+        ("dot_product_attention_fwd_wrapper", 1)
+    ]
+    assert "CAUSAL" in uncounted[0]["why"]
+
+
+def test_a_model_on_cudnn_counts_the_xla_paths_forward_and_one_more_product_backward(
+    cudnn_traces,
+):
+    """The same small model (2 layers, 2 heads of 16) on model.attention=xla and =cudnn, one
+    group's logits (group_logits: a prefill and an extend per layer): the forward counts are
+    equal (the same products), and the gradient's differ by the flash backward's recomputed
+    QKᵀ, 2·B·N·T·S·H per attention call: the prefill's 2 prompts over their 6 tokens, the
+    extend's 2 x 3 members over 7 tokens (padded to 8) against 6 + 7 keys (padded to 14)."""
+    from measure import matmul_flops_of
+
+    from grpo_jax.model import Transformer, group_logits, init_params
+
+    kw = dict(vocab_size=11, num_layers=2, num_heads=2, d_model=32, max_len=14)
+    p = init_params(Transformer(**kw), jax.random.PRNGKey(0))  # init runs eagerly, on the CPU
+    ctx, gen, mask = jnp.zeros((2, 6), jnp.int32), jnp.zeros((2, 3, 8), jnp.int32), jnp.ones((2, 6))
+
+    def counts(attention, grad):
+        m = Transformer(**kw, dtype=jnp.bfloat16, attention=attention)
+        f = lambda params: jnp.sum(group_logits(m, params, ctx, gen, mask)[1].astype(jnp.float32))
+        jaxpr = jax.make_jaxpr(jax.grad(f) if grad else f)(p).jaxpr
+        return [matmul_flops_of(jaxpr, batched=b) for b in (False, True)]
+
+    qk = lambda b, t, s: 2 * b * 2 * t * s * 16  # QKᵀ over b query batches, 2 heads of 16
+    recomputed = 2 * (qk(2, 6, 6) + qk(2 * 3, 8, 14))  # 2 layers: a prefill, an extend
+    assert counts("cudnn", grad=False) == counts("xla", grad=False)
+    (dense, batched), (xla_dense, xla_batched) = counts("cudnn", True), counts("xla", True)
+    assert dense == xla_dense and batched - xla_batched == recomputed == 95232
+
+
+def _pallas_matmul(x, w, block: int):
+    """x @ w as a Pallas kernel, one program per ``block`` rows of x (interpreted on a CPU)."""
+    from jax.experimental import pallas as pl
+
+    def kernel(x_ref, w_ref, o_ref):
+        o_ref[...] = jnp.dot(x_ref[...], w_ref[...])
+
+    return pl.pallas_call(
+        kernel,
+        out_shape=jax.ShapeDtypeStruct((x.shape[0], w.shape[1]), x.dtype),
+        grid=(x.shape[0] // block,),
+        in_specs=[pl.BlockSpec((block, x.shape[1]), lambda i: (i, 0)), pl.BlockSpec(w.shape)],
+        out_specs=pl.BlockSpec((block, w.shape[1]), lambda i: (i, 0)),
+        interpret=True,
+    )(x, w)
+
+
+def test_a_pallas_kernel_counts_its_dot_generals_once_per_program_of_its_grid():
+    """[32, 16] @ [16, 8] in 4 programs of [8, 16] @ [16, 8]: 4 x 2·8·16·8 = 2·32·16·8, as the
+    plain matmul. The old counter walked the kernel once: a quarter of it."""
+    from measure import matmul_flops_of
+
+    x, w = jnp.ones((32, 16)), jnp.ones((16, 8))
+    jaxpr = jax.make_jaxpr(lambda x, w: _pallas_matmul(x, w, 8))(x, w).jaxpr
+    assert matmul_flops_of(jaxpr) == matmul_flops_of(jax.make_jaxpr(jnp.matmul)(x, w).jaxpr)
+    assert matmul_flops_of(jaxpr) == 4 * 2 * 8 * 16 * 8
+
+
+def test_the_pallas_decode_kernel_is_reported_not_counted_as_zero():
+    """decode_kernel.py's attention multiplies and sums (no dot_general): the counter cannot
+    size its products from the kernel, so it raises by default and step_flops reports it
+    (matmul_uncounted: the kernel, its op, how often it runs) beside the rest's count."""
+    from measure import UncountedMatmulError, matmul_flops_of
+
+    from grpo_jax.decode_kernel import attention
+
+    b, g, h, d, p, s = 1, 2, 2, 8, 32, 32
+    args = (
+        jnp.ones((b, g, h, d)),
+        jnp.ones((b, h, p, d)),
+        jnp.ones((b, h, p, d)),
+        jnp.ones((b, p), bool),
+        jnp.ones((b, g, h, s, d)),
+        jnp.ones((b, g, h, s, d)),
+    )
+    dense = jnp.ones((d, d))
+    f = lambda w, *a: attention(*a, 3) @ w  # then a [b·g·h, d] @ [d, d] matmul: counted
+    with pytest.raises(UncountedMatmulError, match="pallas_call.*decode_kernel.py"):
+        matmul_flops_of(jax.make_jaxpr(f)(dense, *args).jaxpr)
+    got = step_flops(f, dense, *args)
+    assert got["matmul_flops"] == 2 * b * g * h * d * d
+    (entry,) = got["matmul_uncounted"]
+    assert (entry["primitive"], entry["runs"]) == ("pallas_call", 1)
+    assert "no dot_general" in entry["why"]
+
+
+def test_known_matmul_primitives_the_counter_cannot_size_are_never_counted_as_zero():
+    """A grouped matmul (lax.ragged_dot: its groups' sizes are data) inside a 5-step scan:
+    raised by default, else reported with its runs, one entry per op."""
+    from measure import UncountedMatmulError, matmul_flops_of
+
+    def f(x, w, sizes):
+        body = lambda c, _: (jax.lax.ragged_dot(c, w, sizes)[:, :4], None)
+        return jax.lax.scan(body, x, None, length=5)[0]
+
+    args = jnp.ones((8, 4)), jnp.ones((2, 4, 4)), jnp.array([3, 5])
+    with pytest.raises(UncountedMatmulError, match="ragged_dot_general"):
+        matmul_flops_of(jax.make_jaxpr(f)(*args).jaxpr)
+    got = step_flops(f, *args)
+    assert got["matmul_flops"] == 0
+    assert [(e["primitive"], e["runs"]) for e in got["matmul_uncounted"]] == [
+        ("ragged_dot_general", 5)
+    ]
