@@ -218,6 +218,34 @@ def test_a_signal_in_the_last_step_finishes_the_run(tmp_path, shakespeare_path, 
     assert int(state.step) == 1 and (tmp_path / "char_heatmap.png").is_file()
 
 
+def test_step_time_counts_every_step_and_no_evaluation(tmp_path, shakespeare_path, monkeypatch):
+    """On a clock where a step takes 1 s and an evaluation 100 s, with an evaluation every
+    step and a log every 2: step_time_s is 1 s (eval time out, both steps in)."""
+    clock = [0.0]
+    monkeypatch.setattr(trainer.time, "perf_counter", lambda: clock[0])
+    real_jit_step = trainer.sharding.jit_step
+
+    def jit_step(*args, **kwargs):
+        jstep, *rest = real_jit_step(*args, **kwargs)
+
+        def timed(state, inputs):
+            clock[0] += 1.0
+            return jstep(state, inputs)
+
+        return (timed, *rest)
+
+    def evaluate(task, params, step, writer, monitor):
+        clock[0] += 100.0
+        return {}
+
+    monkeypatch.setattr(trainer.sharding, "jit_step", jit_step)
+    monkeypatch.setattr(trainer, "_evaluate", evaluate)
+    config = tiny(shakespeare_path, log_every=2, eval_every=1, checkpoint_every=4)
+    run(config, tmp_path)
+    times = [r["step_time_s"] for r in read_metrics(tmp_path) if "step_time_s" in r]
+    assert times == [1.0, 1.0]
+
+
 def test_a_resumed_runs_char_stats_drop_the_rows_it_logs_again(tmp_path):
     """char_stats.jsonl rows of steps past a resume's start (a run killed after its last
     checkpoint) are dropped at the resumed run's first step, as metrics.jsonl's rows."""
