@@ -108,10 +108,15 @@ def flop_counts(step, state, inputs, batch, compiled=None):
     count is the traced program's, the same on any device (so a CPU counts a GPU run's work:
     --flops_only)."""
     counts = step_flops(step.fused, state, inputs, compiled=compiled)
-    counts["rollout_matmul_flops"] = step_flops(step.rollout, state, inputs)["matmul_flops"]
-    counts["update_matmul_flops"] = step_flops(step.update, state, inputs, batch, None)[
-        "matmul_flops"
-    ]
+    halves = {
+        "rollout": (step.rollout, state, inputs),
+        "update": (step.update, state, inputs, batch, None),
+    }
+    for half, (fn, *args) in halves.items():
+        got = step_flops(fn, *args)
+        counts[f"{half}_matmul_flops"] = got["matmul_flops"]
+        if "matmul_uncounted" in got:  # e.g. a Pallas decode kernel's products: not in the MFU
+            counts[f"{half}_matmul_uncounted"] = got["matmul_uncounted"]
     return counts
 
 
