@@ -267,6 +267,12 @@ def large_section(large: dict, batch: str) -> list:
                 f"{fl['times_floor']:.1f}× the larger, an MFU ceiling of "
                 f"{pct(fl['mfu_ceiling'])}."
             )
+        for half in ("rollout", "update"):
+            for e in large.get(f"{half}_matmul_uncounted", []):
+                lines.append(
+                    f"- Not in the {half}'s GFLOP and MFU (the counter cannot size it): "
+                    f"`{e['primitive']}` at `{e['op']}`, {e['runs']} runs: {e['why']}."
+                )
         if large.get("note"):
             lines.append(f"- {large['note']}")
     return lines

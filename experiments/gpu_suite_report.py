@@ -55,6 +55,8 @@ def bench_figures(r: dict, dtype: str, info: dict) -> dict:
         flops = roof.get(f"{half}_matmul_flops")
         out[f"{half}_matmul_flops"] = flops
         out[half] = utilisation(flops, bd[f"{half}_s"], dtype, info)
+        if roof.get(f"{half}_matmul_uncounted"):  # left out of its FLOPs and MFU: say so
+            out[f"{half}_matmul_uncounted"] = roof[f"{half}_matmul_uncounted"]
     nbytes = decode_bytes(r.get("overrides", {}), r["params"])
     out["rollout_floor"] = rollout_floor(
         out["rollout_matmul_flops"], bd["rollout_s"], nbytes, dtype, info

@@ -246,6 +246,33 @@ def test_a_profile_that_attributes_nothing_shows_no_rate():
     assert "- by kind: matmul 20 %, elementwise 80 %" in text
 
 
+def test_work_the_counter_cannot_size_is_named_beside_the_mfu():
+    """A Pallas decode kernel's products are not in the rollout's GFLOP (measure.py reports
+    them as uncounted): the record keeps the entries and the markdown names them."""
+    sys.path.insert(0, str(ROOT / "experiments"))
+    from gpu_suite_markdown import large_section
+    from gpu_suite_report import bench_figures
+
+    entry = {"primitive": "pallas_call", "op": "rollout/blocks_0", "runs": 127, "why": "no dot"}
+    roof = {"matmul_flops": 3e12, "rollout_matmul_flops": 1e12, "update_matmul_flops": 2e12,
+            "rollout_matmul_uncounted": [entry]}  # fmt: skip
+    halves = {"rollout_s": 0.3, "update_s": 0.2}
+    record = {"median_step_s": 0.5, "roofline": roof, "breakdown": halves, "params": 1000,
+              "tokens_per_step": 10, "tokens_per_s": 20.0, "compile_s": 1.0,
+              "step_times_s": [0.5], "peak_memory_bytes": 1, "peak_memory_source": "x",
+              "device": "cpu", "wall_s": 1.0, "command": "c"}  # fmt: skip
+    info = {"device_kind": "cpu", "measured_peak": {}}
+    figures = bench_figures(record, "bfloat16", info)
+    assert (
+        figures["rollout_matmul_uncounted"] == [entry] and "update_matmul_uncounted" not in figures
+    )
+    text = "\n".join(large_section(figures, "16"))
+    assert (
+        "Not in the rollout's GFLOP and MFU" in text
+        and "`pallas_call` at `rollout/blocks_0`, 127 runs" in text
+    )
+
+
 def test_the_large_model_runs_at_each_batch_of_the_plan():
     """The GPU plan measures the 12 x 768 model at 16 prompts, and at each of --large_batches
     where given, each its own child keyed by prompts (the attention part at the first); the
