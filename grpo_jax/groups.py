@@ -93,9 +93,16 @@ def first_action_layout(actions, n_cont):
 
 
 def guided_candidates(key, guide_logp, top_k, top_k_confident, n_random, threshold):
-    """Guide's top-k plus n_random distinct explorers. guide_logp [B, V].
+    """Guide's top-k plus n_random distinct explorers drawn uniformly from the other V - k
+    tokens. guide_logp [B, V].
 
-    Returns (actions [B, top_k + n_random] int32, mask [B, top_k + n_random] float)."""
+    Returns (actions, mask float, weights) [B, top_k + n_random]: an explorer's weight is
+    its inverse inclusion probability (V - k) / n_random, a top-k slot's 0. The all-action
+    loss reads them as candidates.hierarchical_values does a representative's: q(a) = R(a)
+    on the top-k, b + [a explored](R(a) - b)(V - k)/n_random elsewhere (b: the π-weighted
+    mean return of the top-k), so E[q(a)] = R(a) and the expected gradient is the exact
+    all-action one. Confident rows (entropy < threshold: top_k_confident slots, no
+    explorers) leave the other tokens at q = b, a deliberate bias towards the guide."""
     b, v = guide_logp.shape
     _, top = jax.lax.top_k(guide_logp, top_k)
     taken = jnp.zeros((b, v), bool).at[jnp.arange(b)[:, None], top].set(True)
@@ -105,7 +112,8 @@ def guided_candidates(key, guide_logp, top_k, top_k_confident, n_random, thresho
     confident = objective.entropy_from_logits(guide_logp) < threshold
     slot = jnp.arange(top_k + n_random)
     mask = jnp.where(confident[:, None], slot < top_k_confident, True)
-    return actions, mask.astype(jnp.float32)
+    weights = jnp.where(slot < top_k, 0.0, (v - top_k) / max(n_random, 1))
+    return actions, mask.astype(jnp.float32), jnp.broadcast_to(weights, actions.shape)
 
 
 def adaptive_budget(batch_size: int) -> int:
@@ -309,7 +317,7 @@ def make_collect(
                 "group/candidates": amask.sum(1).mean(),
             }
             return forced_part(*common, actions, amask, key), info
-        actions, amask = guided_candidates(
+        actions, amask, w = guided_candidates(
             k_guide,
             guide,
             g.guide_top_k,
@@ -317,7 +325,8 @@ def make_collect(
             g.guide_random,
             g.entropy_threshold,
         )
-        return forced_part(*common, actions, amask, key), {"guided_candidates": amask.sum(1).mean()}
+        info = {"guided_candidates": amask.sum(1).mean()}
+        return forced_part(*common, actions, amask, key, w), info
 
     def branch(params, prompts, key):
         """group.decision_points > 1: the B·k decision points of one sampled rollout each."""

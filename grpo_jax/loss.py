@@ -10,8 +10,9 @@ Forced parts (exhaustive / guided / pruned / hierarchical): at the decision poin
                   π_θ(a|s)/π_old(a|s) and advantages taken over the action axis, or
   * ``expected``: the exact all-action gradient −∇ Σ_a π_θ(a|s)(R(a) − b), b = Σ_a π(a|s)R(a)
                   (no sampling variance at the decision point given the rollouts' returns;
-                  pruned: exact on the candidate set; hierarchical: R(a) replaced by the
-                  unbiased per-action values of candidates.hierarchical_values),
+                  pruned: exact on the candidate set; hierarchical and guided: R(a) replaced
+                  by unbiased per-action values, candidates.hierarchical_values, a guided
+                  explorer weighted by its inverse inclusion probability),
 plus, when group.train_continuations, the clipped surrogate on tokens 1..H-1 with their
 per-position group advantages (only the first group.value_horizon tokens, when it is set).
 The decision point's KL and entropy are exact over V.
@@ -289,7 +290,7 @@ def make_loss(spec: ObjectiveSpec, group: GroupSpec, policy: Policy, reference: 
         lp_act = jnp.take_along_axis(lp_first, part.actions, axis=1)  # [B, A]
         prompt_w = part.action_mask.max(1)  # prompts whose group counts
         if gr.exhaustive_estimator == "expected":
-            if part.action_weights is not None:  # hierarchical: values over the whole V
+            if part.action_weights is not None:  # hierarchical, guided: values over all V
                 pi = jax.lax.stop_gradient(jnp.exp(lp_first))
                 q = candidates.hierarchical_values(
                     pi, part.actions, part.action_mask, part.action_weights, part.action_returns

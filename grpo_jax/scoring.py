@@ -33,15 +33,19 @@ def return_credit(part: Part, returns, ok, scale, n_cont):
     Forced first tokens are not drawn from π, so an unweighted mean over members would weight
     the continuations of unlikely tokens as much as likely ones. Here member k (first token
     a_k) gets A_k = (R_k - b)·ρ_k with b = Σ π̄_k R_k / Σ π̄_k and ρ_k = K'·π̄_k / Σ π̄_k
-    (K' members that count; π̄ = π_old, a class representative's its class mass π_old(c)), so
-    a row-mean aggregation of the continuation tokens' surrogate (the sequence-mean ones)
-    gives Σ_k π̄_k (R_k - b) ∇ log π(continuation_k | a_k) / Σ π̄_k: together with the exact
-    all-action term at the decision point, the gradient of Σ_a π(a) E[R | a], continuations
-    included (b holds R_k itself with weight π̄_k: a bias of order π̄_k). Advantage scale
+    (K' members that count; π̄ = π_old, a class representative's its class mass π_old(c), a
+    guided explorer's π_old(a_k)·(V - k)/r: its inverse inclusion probability), so
+    ``grpo.loss_agg=sequence-mean-token-sum`` (a mean over members of each member's token
+    sum) gives Σ_k π̄_k (R_k - b) ∇ log π(continuation_k | a_k) / Σ π̄_k: together with the
+    exact all-action term at the decision point, the gradient of Σ_a π(a) E[R | a],
+    continuations included (b holds R_k itself with weight π̄_k: a bias of order π̄_k). The
+    token-mean aggregations (the configs' default sequence-mean-token-mean) divide member k's
+    continuation term by its token count: the continuation part is then that gradient's
+    divided by about t - 1 against the decision point's. Advantage scale
     ``group`` divides by the π̄-weighted std, ``batch`` by the root of its mean over the
     prompts, as the decision point's does."""
     pi = jnp.exp(part.logp_old[..., 0])
-    if part.action_weights is not None:  # hierarchical: a representative stands for its class
+    if part.action_weights is not None:  # a representative / explorer stands for others
         w = first_action_layout(part.action_weights, n_cont)
         pi = pi * jnp.where(w > 0, w, 1.0)
     pi = jnp.where(ok, pi, 0.0)

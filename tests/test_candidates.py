@@ -85,6 +85,30 @@ def test_hierarchical_estimator_is_the_exact_gradient_in_expectation():
     np.testing.assert_allclose(_hierarchical_grad(logits, q), exact, atol=1e-6)
 
 
+def test_guided_explorers_make_the_estimator_exact_in_expectation():
+    """Guided groups: the guide's top-2 plus 2 explorers drawn uniformly from the other 4
+    tokens, each explorer weighted by its inverse inclusion probability 4/2. Averaged over
+    the 6 equally likely explorer pairs, the estimator's gradient is the exact all-action
+    gradient (unweighted explorers gave 1/2 of its non-top part); one pair is not."""
+    from grpo_jax.groups import guided_candidates
+
+    logits = jax.random.normal(jax.random.PRNGKey(4), (1, 6))
+    returns = jax.random.uniform(jax.random.PRNGKey(5), (1, 6))
+    pi = jax.nn.softmax(logits)
+    exact = _hierarchical_grad(logits, returns)
+    actions, mask, w = guided_candidates(jax.random.PRNGKey(6), jnp.log(pi), 2, 2, 2, -1.0)
+    np.testing.assert_array_equal(w, [[0.0, 0.0, 2.0, 2.0]])
+    others = [a for a in range(6) if a not in np.asarray(actions[0, :2])]
+    mean = jnp.zeros_like(exact)
+    for pair in itertools.combinations(others, 2):
+        acts = actions.at[0, 2:].set(jnp.asarray(pair))
+        q = candidates.hierarchical_values(pi, acts, mask, w, returns[0, acts[0]][None])
+        grad = _hierarchical_grad(logits, q)
+        mean = mean + grad / 6
+    np.testing.assert_allclose(mean, exact, atol=1e-6)
+    assert not np.allclose(grad, exact, atol=1e-3)  # a single pair is an estimate
+
+
 def _engine_run(horizon, key=0, steps=1, **group):
     """``steps`` fused GRPO steps (one jit) of a 1-layer transformer on B prompts whose target
     is the token after the prompt's last: (new params, last metrics)."""
