@@ -1,19 +1,41 @@
 """The report of an equal-compute run (experiments/exhaustive_vs_sampled.py --budget, run by
 experiments/equal_compute.py), from its JSON alone (``render_budget``): the budget each mode
 spent, the final metrics with their standard errors and each mode's difference to the sampled
-mode in standard errors of the difference, and curves against training seconds and generated
-tokens. ``budget_summary`` computes those differences when the run's record is written.
+mode tested for significance, and curves against training seconds and generated tokens.
+``budget_summary`` computes those statistics from the per-seed finals, both for the run's
+record and at every rendering (so a table always follows the code, not a stored summary).
+
+The test of a difference. Seed i starts from the same initial parameters and rng seed in every
+mode, and one evaluation scores every mode, so the modes' results are paired by seed and
+correlated (the committed runs' cross-seed correlations range from -0.99 to +1.00). Treating
+them as independent, SE = sqrt(SE_a² + SE_ref²), over- or understates the noise depending on
+the sign of that correlation. The paired test uses the per-seed differences d_i = a_i − ref_i:
+SE_Δ = std(d, ddof=1) / √n and t = mean(d) / SE_Δ. With 3 seeds SE_Δ is itself estimated from 3
+values, so t is compared with Student's t with n − 1 = 2 degrees of freedom, not with a normal:
+"beyond 3 SE" would be p ≈ 0.0027 under a normal but p ≈ 0.095 under t(2), where p < 0.05 needs
+|t| > 4.30. The report gives t, the two-sided p and a verdict at ``ALPHA`` = 0.05 per
+comparison. Caveats a reader must keep: the t test assumes the seed differences are roughly
+normal, which 3 seeds cannot check (and an exact sign-flip permutation test on 3 pairs can
+never reach p < 0.05: its smallest p is 2/8 = 0.25); the p-values are not adjusted for the
+several modes and metrics of a table (with k comparisons about 0.05·k false "yes" are expected
+when no mode differs; Holm or Bonferroni would divide ALPHA by up to k); and a difference is
+one over seeds of this setup, not over setups. Where a mode's seeds are not the reference's
+(another set, a seed missing or repeated), the runs are not paired and Welch's unpaired t is
+used instead (SE_Δ = sqrt(SE_a² + SE_ref²), Welch-Satterthwaite degrees of freedom); the
+table's "test" column says which.
 """
 
+import math
 import statistics
 
 import numpy as np
 from comparison_report import closing_lines, command_lines, pct, same_window_references, spread
 from ml_collections import config_dict
+from scipy import stats  # a dependency of jax
 
 from grpo_jax import plots
 
-SIGNIFICANT_SE = 3.0  # a difference counts as clear beyond 3 standard errors
+ALPHA = 0.05  # a difference counts as significant at two-sided p < ALPHA (per comparison)
 
 
 def is_rate(key: str) -> bool:
@@ -25,17 +47,48 @@ def show(key, x, digits=1) -> str:
     return f"{100 * x:.{digits}f}" if is_rate(key) else f"{x:.4g}"
 
 
-def versus(a, ref) -> dict:
-    """a's mean minus ref's, in units of the difference's standard error sqrt(se_a² + se_ref²)
-    (None where both have a zero SE, e.g. a single seed)."""
-    diff = a["mean"] - ref["mean"]
-    se = (a["se"] ** 2 + ref["se"] ** 2) ** 0.5
-    return {"diff": diff, "z": diff / se if se > 0 else None}
+def t_test(diff: float, se: float, df, test: str) -> dict:
+    """t = diff / se with its two-sided p under Student's t with ``df`` degrees of freedom;
+    t and p are None where se is 0 or df is undefined (one seed, or identical differences)."""
+    out = {"diff": diff, "se_diff": se, "df": df, "test": test, "t": None, "p": None}
+    if se > 0 and df is not None and df > 0:
+        out["t"] = diff / se
+        out["p"] = float(2 * stats.t.sf(abs(out["t"]), df))
+    return out
+
+
+def paired_test(a: list[float], ref: list[float]) -> dict:
+    """Paired t test of a − ref (a[i] and ref[i] from the same seed): SE_Δ = std(d, ddof=1)/√n
+    of the differences d, n − 1 degrees of freedom."""
+    d = [x - y for x, y in zip(a, ref, strict=True)]
+    se = statistics.stdev(d) / math.sqrt(len(d)) if len(d) > 1 else 0.0
+    return t_test(statistics.fmean(a) - statistics.fmean(ref), se, len(d) - 1, "paired")
+
+
+def welch_test(a: list[float], ref: list[float]) -> dict:
+    """Welch's unpaired t test of mean(a) − mean(ref): SE_Δ = sqrt(SE_a² + SE_ref²) and the
+    Welch-Satterthwaite degrees of freedom (None with a single seed on either side)."""
+    diff = statistics.fmean(a) - statistics.fmean(ref)
+    if min(len(a), len(ref)) < 2:
+        return t_test(diff, 0.0, None, "Welch")
+    va, vr = (statistics.variance(v) / len(v) for v in (a, ref))
+    df = (va + vr) ** 2 / (va**2 / (len(a) - 1) + vr**2 / (len(ref) - 1)) if va + vr else None
+    return t_test(diff, math.sqrt(va + vr), df, "Welch")
+
+
+def versus(recs, ref_recs, key: str) -> dict:
+    """``key``'s final value in ``recs`` minus in ``ref_recs``, tested paired by seed where
+    both hold the same seeds once each, else with Welch's unpaired test."""
+    a = {r["seed"]: r["final"][key] for r in recs}
+    ref = {r["seed"]: r["final"][key] for r in ref_recs}
+    if a.keys() == ref.keys() and len(a) == len(recs) and len(ref) == len(ref_recs):
+        return paired_test([a[s] for s in sorted(a)], [ref[s] for s in sorted(a)])
+    return welch_test([r["final"][key] for r in recs], [r["final"][key] for r in ref_recs])
 
 
 def budget_summary(runs, metrics, reference: str) -> dict:
     """Per mode and metric: mean, std (ddof=1), SE = std/√n, min, max of the final values
-    over seeds, and the difference to ``reference``'s mean in SE units."""
+    over seeds, and the difference to ``reference``'s mean with its test (``versus``)."""
     out = {}
     for mode, recs in runs.items():
         out[mode] = {}
@@ -43,9 +96,7 @@ def budget_summary(runs, metrics, reference: str) -> dict:
             mean, std, lo, hi = spread([r["final"][key] for r in recs])
             se = std / len(recs) ** 0.5
             out[mode][key] = {"mean": mean, "std": std, "se": se, "min": lo, "max": hi}
-    for mode in runs:
-        for key in metrics:
-            out[mode][key].update(versus(out[mode][key], out[reference][key]))
+            out[mode][key].update(versus(recs, runs[reference], key))
     return out
 
 
@@ -135,49 +186,66 @@ def spent_table(raw) -> list[str]:
     return lines
 
 
+def p_text(p: float) -> str:
+    return "<0.001" if p < 0.001 else f"{p:.3f}"
+
+
 def versus_cells(key, m) -> str:
-    """The Δ, Δ / SE and 'beyond 3 SE' cells of one mode's row."""
-    z = m["z"]
-    if z is None:
-        return f"| {show(key, m['diff'])} | – | – |"
-    return f"| {show(key, m['diff'])} | {z:+.1f} | {'yes' if abs(z) > SIGNIFICANT_SE else 'no'} |"
+    """The Δ, t, test, p and 'p < ALPHA' cells of one mode's row."""
+    test = m["test"] + ("" if m["df"] is None else f", df {m['df']:.3g}")
+    if m["t"] is None:
+        return f"| {show(key, m['diff'])} | – | {test} | – | – |"
+    verdict = "yes" if m["p"] < ALPHA else "no"
+    return f"| {show(key, m['diff'])} | {m['t']:+.1f} | {test} | {p_text(m['p'])} | {verdict} |"
 
 
-def metric_table(raw, key) -> list[str]:
-    s, ref = raw["summary"], raw["reference_mode"]
+def metric_table(raw, summary, key) -> list[str]:
+    ref = raw["reference_mode"]
     init = spread([r["points"][0]["eval"][key] for r in next(iter(raw["runs"].values()))])
     lines = [
         f"### {key}{' (%)' if is_rate(key) else ''}, at the full budget",
         "",
-        f"| mode | mean ± std | SE | [min–max] | Δ vs {ref} | Δ / SE "
-        f"| beyond {SIGNIFICANT_SE:g} SE |",
-        "|---|---|---|---|---|---|---|",
+        f"| mode | mean ± std | SE | [min–max] | Δ vs {ref} | t = Δ / SE_Δ | test | p "
+        f"| p < {ALPHA:g} |",
+        "|---|---|---|---|---|---|---|---|---|",
         f"| init | {show(key, init[0])} ± {show(key, init[1])} | – "
-        f"| [{show(key, init[2])}–{show(key, init[3])}] | – | – | – |",
+        f"| [{show(key, init[2])}–{show(key, init[3])}] | – | – | – | – | – |",
     ]
-    for mode, m in s.items():
+    for mode, m in summary.items():
         m = m[key]
         lines.append(
             f"| {mode} | {show(key, m['mean'])} ± {show(key, m['std'])} | {show(key, m['se'], 2)} "
             f"| [{show(key, m['min'])}–{show(key, m['max'])}] "
-            + ("| – | – | – |" if mode == ref else versus_cells(key, m))
+            + ("| – | – | – | – | – |" if mode == ref else versus_cells(key, m))
         )
     return lines + [""]
 
 
+def stats_text(ref: str, n: int) -> str:
+    """The paragraph under "Final metrics" saying how the table's statistics are computed."""
+    needs = ""
+    if n > 1:  # the two-sided critical value of t(n − 1)
+        needs = f"; with n = {n} paired seeds p < {ALPHA:g} needs |t| > "
+        needs += f"{stats.t.isf(ALPHA / 2, n - 1):.2f}"
+    return (
+        f"Mean ± std (sample std, ddof=1) over seeds; SE = std/√n. Seed i starts from the same "
+        f"initial parameters in every mode, so Δ is tested paired by seed: d_i = value_i − "
+        f"{ref}_i, SE_Δ = std(d)/√n, t = mean(d)/SE_Δ, p two-sided from Student's t with n − 1 "
+        f"df (test: paired). A mode whose seeds differ from {ref}'s gets Welch's unpaired test "
+        f"(SE_Δ = √(SE² + SE_{ref}²), Welch–Satterthwaite df; test: Welch). p is per "
+        f"comparison, not adjusted for the table's several{needs}."
+    )
+
+
 def write_budget_markdown(raw, configs, pngs, note=""):
-    """The <name>.md of an equal-compute run from its JSON dict, configs and PNG names."""
+    """The <name>.md of an equal-compute run from its JSON dict, configs and PNG names; the
+    statistics are recomputed from the per-seed finals (``budget_summary``)."""
+    summary = budget_summary(raw["runs"], raw["metrics"], raw["reference_mode"])
     lines = budget_header(raw, configs) + ["## Budget spent", ""] + spent_table(raw)
-    lines += [
-        "",
-        f"## Final metrics (n = {len(raw['seeds'])} seeds)",
-        "",
-        "Mean ± std (sample std, ddof=1) over seeds; SE = std/√n; Δ / SE = (mean − "
-        f"mean_{raw['reference_mode']}) / √(SE² + SE_{raw['reference_mode']}²).",
-        "",
-    ]
+    lines += ["", f"## Final metrics (n = {len(raw['seeds'])} seeds)", ""]
+    lines += [stats_text(raw["reference_mode"], len(raw["seeds"])), ""]
     for key in raw["metrics"]:
-        lines += metric_table(raw, key)
+        lines += metric_table(raw, summary, key)
     return "\n".join(lines + closing_lines(note, pngs)) + "\n"
 
 

@@ -36,8 +36,9 @@ Equal compute (``--budget``, experiments/equal_compute.py): every mode gets the 
 wall time (``wall:<seconds>``, its vmapped set of seeds together; compilation and evaluations
 excluded) or the same generated tokens per seed (``tokens:<n>``) instead of the same steps,
 seeds vmapped, evaluated at ``--eval_points`` fractions of the budget. Writes <name>.md (the
-budget spent and the final metrics: mean ± std, SE, the difference to the sampled mode in
-SEs of the difference), <name>.json and <name>_<metric>_{seconds,tokens}.png (mean ± std
+budget spent and the final metrics: mean ± std, SE, the difference to the sampled mode with
+its paired t test over the seeds (t = Δ / SE_Δ, two-sided p; Welch where the seeds differ),
+equal_compute_report.py), <name>.json and <name>_<metric>_{seconds,tokens}.png (mean ± std
 over seeds against training seconds and generated tokens). ``--metrics`` defaults to the
 task's (equal_compute.DEFAULT_METRICS). A config with a supervised warm-up (arithmetic) runs
 it once under --workdir_root for every mode and seed, unless ``--config.init_from`` is
