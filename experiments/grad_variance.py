@@ -46,6 +46,13 @@ flags.DEFINE_integer("repeats", 40, "R: gradients per mode.", lower_bound=2)
 flags.DEFINE_integer("calls", 5, "Program calls per mode (the first untimed).", lower_bound=3)
 flags.DEFINE_integer("true_group_size", 64, "G of the sampled groups of the true gradient.")
 flags.DEFINE_integer("true_repeats", 64, "Gradients averaged into the true gradient.")
+flags.DEFINE_enum(
+    "true_advantage_scale",
+    "",
+    ["", "none", "group", "batch"],
+    "grpo.advantage_scale of the true gradient's groups ('' = the objective's; none: no std "
+    "scaling, so t̂ has the policy gradient's direction up to O(1/G)).",
+)
 flags.DEFINE_integer("data_seed", 0, "Key of the fixed batch of prompts.")
 flags.DEFINE_integer("rollout_seed", 1, "Root key of the rollouts (fold_in per mode).")
 flags.DEFINE_string("init_from", "", "Checkpoint dir of the params (else config.seed's init).")
@@ -56,17 +63,29 @@ flags.DEFINE_string("name", "grad_variance", "Basename of the outputs.")
 flags.DEFINE_string("note", "", "Observations for the report (kept when not given).")
 flags.DEFINE_bool("report_only", False, "Only re-render <name>.md from <name>.json.")
 TARGET = 0.9
+RHO_PER_REPEAT_MAX = 10  # beyond ρ/R = 10 the ceiling is not estimated (ceiling_fit)
 METHOD = """\
 **True gradient t̂**: the mean of many sampled-group gradients with a large G on the same prompts
-and params (GRPO's own estimator: its expectation has the direction of the objective's gradient
-up to the O(1/G) effects of the group baseline and std scaling). Its precision: the split-half
-cosine s (one half's mean vs the other's) gives cos(t̂, t) ≈ sqrt(2s / (1 + s)).
+and params (GRPO's own estimator, with the objective's settings unless `--true_advantage_scale`
+is given). Without std scaling (advantage_scale none) its expectation has the direction of the
+policy gradient up to the O(1/G) effect of the group baseline. With std scaling (advantage_scale
+group) it does not: as G grows each prompt's advantages are divided by that prompt's reward std
+σ_p, so t̂ tends to Σ_p ∇J_p / σ_p, which weights the prompts by 1/σ_p. The arithmetic sections
+use std scaling; on an arithmetic warm-up at 20 % greedy accuracy (24 G = 64 gradients each)
+t̂ with and without it had cosine 0.960, and the ceilings against the one and the other were
+1.000 and 0.991 (sampled), 0.370 and 0.384 (exhaustive); `--true_advantage_scale=none` builds
+t̂ without it. Its precision: the split-half cosine s (one half's mean vs the other's) gives
+cos(t̂, t) ≈ sqrt(2s / (1 + s)), t the expectation of t̂.
 
 **Per mode**, g_1..g_R its repeats, ḡ their mean: c_1 = mean_i cos(g_i, t̂) ± standard error;
 cos(ḡ, t̂); the mean cosine between repeats; ρ = tr Cov(g) / ‖E g‖² (each unbiased: Σ‖g_i − ḡ‖²
 / (R−1) and ‖ḡ‖² − tr Cov / R; ∞ when the noise hides the mean). Model: n averaged gradients
 have cos(ḡ_n, t) = c_∞ / sqrt(1 + ρ/n), c_∞ = cos(E g, t) the mode's *ceiling* (its bias:
-what averaging can reach); at n = 1, c_∞ = c_1·sqrt(1 + ρ). **n to 0.9** = ρ / ((c_∞/0.9)² − 1)
+what averaging can reach); at n = 1, c_∞ = c_1·sqrt(1 + ρ) ± se·sqrt(1 + ρ) (c_1's standard
+error carried through; ρ's own error is left out, so this understates it). A value above 1 by
+at most that error is shown as 1; further above 1, or where ρ/R > 10 (‖ḡ_R‖² is then over 90 %
+noise and ρ the ratio to a small difference), the model does not fit: the ceiling, n and s to
+0.9 are "–", with the reason under the table. **n to 0.9** = ρ / ((c_∞/0.9)² − 1)
 (∞ if c_∞ ≤ 0.9; in brackets the no-bias value from c_1 alone, (1 − c_1²)/c_1² · 0.81/0.19);
 **s to 0.9** = max(n, 1) × s/grad. The model's cos(ḡ_R, t̂) is shown beside the measured one.
 s/grad: median over the timed calls; tokens/grad: the rollout's static B × members × T (in
@@ -185,23 +204,51 @@ def truth_stats(g):
     return {"split_half_cos": s, "cos_to_exact_est": math.sqrt(2 * s / (1 + s)) if s > 0 else 0}
 
 
+def ceiling_fit(c1, cos_se, rho, repeats, s_per_grad):
+    """The model's ceiling c_∞ = c_1·sqrt(1 + ρ) and its standard error cos_se·sqrt(1 + ρ) (ρ's
+    own error left out, so an underestimate), then n and s to TARGET and the model's cos(ḡ_R, t̂).
+    A cosine cannot exceed 1: a raw ceiling above 1 by at most its standard error is noise
+    around a ceiling of 1 and shows as 1 (arithmetic's sampled 1.003 ± 0.010). Further above 1,
+    or with ρ/R > RHO_PER_REPEAT_MAX (‖ḡ_R‖² mostly noise, so ρ is the ratio to a small
+    difference and its error, left out of the se, dominates), the model does not fit: ceiling,
+    n, s and the model's cosine are NaN ("–") and ``ceiling_note`` says why."""
+    finite = math.isfinite(rho)
+    raw = c1 * math.sqrt(1 + rho) if finite else math.nan
+    se = cos_se * math.sqrt(1 + rho) if finite else math.nan
+    why = []
+    if raw - 1 > se:
+        why.append(f"c_1·sqrt(1 + ρ) = {raw:.3g} ± {se:.2g} exceeds 1 by more than its error")
+    if finite and rho > RHO_PER_REPEAT_MAX * repeats:
+        why.append(f"ρ/R = {rho / repeats:.3g} > {RHO_PER_REPEAT_MAX}: ρ is poorly measured")
+    ceiling = min(1.0, raw) if raw == raw and not why else math.nan  # x == x: not NaN
+    if why:
+        n = math.nan
+    else:
+        n = rho / ((ceiling / TARGET) ** 2 - 1) if ceiling > TARGET else math.inf
+    return {
+        "ceiling_raw": raw,
+        "ceiling_se": se,
+        "ceiling": ceiling,
+        "ceiling_note": "; ".join(why),
+        "n_to_target": n,
+        "s_to_target": math.nan if why else max(n, 1.0) * s_per_grad,
+        "cos_of_mean_model": ceiling / math.sqrt(1 + rho / repeats),
+    }
+
+
 def mode_stats(g, truth, s_per_grad):
     """Cosines to t̂, ρ, the ceiling and the compute to reach cosine 0.9 (METHOD)."""
     r, cos = len(g), unit(g) @ unit(truth)
     c1, gram, rho = float(cos.mean()), unit(g) @ unit(g).T, noise_ratio(g)
-    ceiling = min(1.0, c1 * math.sqrt(1 + rho)) if math.isfinite(rho) else math.nan
-    n = rho / ((ceiling / TARGET) ** 2 - 1) if ceiling > TARGET else math.inf
+    se = float(cos.std(ddof=1) / math.sqrt(r))
     return {
         "cos": c1,
-        "cos_se": float(cos.std(ddof=1) / math.sqrt(r)),
+        "cos_se": se,
         "cos_of_mean": float(unit(g.mean(0)) @ unit(truth)),
-        "cos_of_mean_model": ceiling / math.sqrt(1 + rho / r),
         "repeat_cos": float((gram.sum() - np.trace(gram)) / (r * (r - 1))),
         "rho": rho,
-        "ceiling": ceiling,
-        "n_to_target": n,
+        **ceiling_fit(c1, se, rho, r, s_per_grad),
         "n_to_target_unbiased": (1 - c1**2) / c1**2 * 0.81 / 0.19 if c1 > 0 else math.inf,
-        "s_to_target": max(n, 1.0) * s_per_grad,
         "cos_per_s": c1 / s_per_grad,
     }
 
@@ -210,8 +257,17 @@ def fmt(x, digits=3):
     return "–" if x != x else "∞" if x == math.inf else f"{x:.{digits}g}"  # x != x: NaN
 
 
+def ceiling_cell(r):
+    if r["ceiling_note"]:
+        return f"– ({fmt(r['ceiling_raw'])} ± {fmt(r['ceiling_se'], 2)})"
+    return fmt(r["ceiling"]) + (
+        f" ± {fmt(r['ceiling_se'], 2)}" if r["ceiling_se"] == r["ceiling_se"] else ""
+    )
+
+
 def section(label, rec):
     t, m, names = rec["truth"], rec["meta"], list(rec["modes"])
+    scale = f", advantage_scale {t['advantage_scale']}" if "advantage_scale" in t else ""
     lines = [
         f"## {label}\n\n- Command: `{rec['command']}`",
         f"- Device: {m['platform']}; {m['params']}; seeds: {m['seeds']}",
@@ -219,11 +275,12 @@ def section(label, rec):
         f"mode: {m['same_prompts']}), completion length {m['completion_length']}; "
         f"{m['objective']}",
         f"- True gradient: the mean of {t['repeats']} sampled-group gradients with G = "
-        f"{t['group_size']} ({t['repeats'] * t['group_size']:,} completions per prompt, "
+        f"{t['group_size']}{scale} ({t['repeats'] * t['group_size']:,} completions per prompt, "
         f"{t['s_per_grad']:.3g} s each): split-half cosine {t['split_half_cos']:.4f}, so "
         f"cos(t̂, t) ≈ {t['cos_to_exact_est']:.4f}\n",
         "| mode | members / prompt | tokens / grad | s / grad | cos(g, t̂) ± se | cos(ḡ_R, t̂) "
-        "(model) | cos between repeats | ρ | ceiling c_∞ | n to 0.9 (no bias) | s to 0.9 | cos/s |",
+        "(model) | cos between repeats | ρ | ceiling c_∞ ± se | n to 0.9 (no bias) | s to 0.9 | "
+        "cos/s |",
         "|---" * 12 + "|",
     ]
     for mode, r in rec["modes"].items():
@@ -231,10 +288,15 @@ def section(label, rec):
             f"| {mode} | {fmt(r['members_per_prompt'])} | {r['tokens_per_grad']:,} "
             f"({r['counted_tokens']:,.0f}) | {fmt(r['s_per_grad'])} | {r['cos']:.3f} ± "
             f"{r['cos_se']:.3f} | {r['cos_of_mean']:.3f} ({fmt(r['cos_of_mean_model'])}), R = "
-            f"{r['repeats']} | {r['repeat_cos']:.3f} | {fmt(r['rho'])} | {fmt(r['ceiling'])} | "
+            f"{r['repeats']} | {r['repeat_cos']:.3f} | {fmt(r['rho'])} | {ceiling_cell(r)} | "
             f"{fmt(r['n_to_target'])} ({fmt(r['n_to_target_unbiased'])}) | "
             f"{fmt(r['s_to_target'])} | {fmt(r['cos_per_s'])} |"
         )
+    unfit = [
+        f"- {mode}: {r['ceiling_note']}" for mode, r in rec["modes"].items() if r["ceiling_note"]
+    ]
+    if unfit:
+        lines += ['\nCeiling not estimated ("–"; the model does not fit, METHOD):\n', *unfit]
     lines += ["\nCosines between the mean gradients (t̂ and each mode's ḡ):\n", "| | t̂ | "]
     lines[-1] += " | ".join(names) + " |\n" + "|---" * (len(names) + 2) + "|"
     for a, row in zip(["t̂"] + names, rec["mean_cos"], strict=True):
@@ -242,18 +304,32 @@ def section(label, rec):
     return "\n".join(lines + [""])
 
 
-def write_report(out_dir: Path, name: str, label: str, rec):
+def refit(raw):
+    """Every stored mode's ceiling, n and s to 0.9 again from its stored c_1, se, ρ and R (a
+    re-render applies today's ceiling_fit to older records)."""
+    for rec in raw["sections"].values():
+        for r in rec["modes"].values():
+            r.update(ceiling_fit(r["cos"], r["cos_se"], r["rho"], r["repeats"], r["s_per_grad"]))
+    return raw
+
+
+def markdown(raw) -> str:
+    """<name>.md from <name>.json's record."""
+    title = "# Gradient variance per unit of compute (`experiments/grad_variance.py`)\n"
+    sections = [section(k, v) for k, v in raw["sections"].items()]
+    note = [f"## Observations\n\n{raw['note']}\n"] if raw["note"] else []
+    return "\n".join([title, METHOD, ""] + note + sections)
+
+
+def write_report(out_dir: Path, name: str, label: str, rec, note=""):
     out_dir.mkdir(parents=True, exist_ok=True)
     path = out_dir / f"{name}.json"
     raw = json.loads(path.read_text()) if path.exists() else {"sections": {}, "note": ""}
     if rec is not None:
         raw["sections"][label] = rec
-    raw["note"] = FLAGS.note or raw["note"]
+    raw["note"] = note or raw["note"]
+    md = markdown(refit(raw))
     path.write_text(json.dumps(raw, indent=1, default=str))
-    title = "# Gradient variance per unit of compute (`experiments/grad_variance.py`)\n"
-    sections = [section(k, v) for k, v in raw["sections"].items()]
-    note = [f"## Observations\n\n{raw['note']}\n"] if raw["note"] else []
-    md = "\n".join([title, METHOD, ""] + note + sections)
     (out_dir / f"{name}.md").write_text(md)
     return md
 
@@ -280,12 +356,14 @@ def main(argv):
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {argv[1:]}")
     if FLAGS.report_only:
-        return print(write_report(Path(FLAGS.out_dir), FLAGS.name, None, None))
+        return print(write_report(Path(FLAGS.out_dir), FLAGS.name, None, None, FLAGS.note))
     smoke, root = FLAGS.smoke, jax.random.PRNGKey(FLAGS.rollout_seed)
     repeats, calls = (4, 3) if smoke else (FLAGS.repeats, FLAGS.calls)
     true_g, true_r = (8, 6) if smoke else (FLAGS.true_group_size, FLAGS.true_repeats)
     config = load_mode_config(FLAGS["config"], f"sampled:group.size={true_g}", smoke)
-    g_true, tmeta = collect(config, true_r, calls, jax.random.fold_in(root, 10_000))
+    true_cfg = config.copy_and_resolve_references()  # config keeps the objective run_meta shows
+    true_cfg.grpo.advantage_scale = FLAGS.true_advantage_scale or config.grpo.advantage_scale
+    g_true, tmeta = collect(true_cfg, true_r, calls, jax.random.fold_in(root, 10_000))
     truth, modes, means = g_true.mean(0), {}, [g_true.mean(0)]
     print(f"truth: {truth_stats(g_true)}", flush=True)
     for i, entry in enumerate(FLAGS.modes):
@@ -299,11 +377,18 @@ def main(argv):
         "command": f"{env}python experiments/grad_variance.py {shlex.join(sys.argv[1:])}",
         "overrides": dict(config_flags.get_override_values(FLAGS["config"])),
         "meta": run_meta(config, tmeta, {"truth": tmeta, **modes}),
-        "truth": {"group_size": true_g, **truth_stats(g_true), **tmeta},
+        "truth": {
+            "group_size": true_g,
+            "advantage_scale": true_cfg.grpo.advantage_scale,
+            **truth_stats(g_true),
+            **tmeta,
+        },
         "modes": modes,
         "mean_cos": (unit(np.stack(means)) @ unit(np.stack(means)).T).tolist(),
     }
-    print(write_report(Path(FLAGS.out_dir), FLAGS.name, FLAGS.label or config.task, rec))
+    print(
+        write_report(Path(FLAGS.out_dir), FLAGS.name, FLAGS.label or config.task, rec, FLAGS.note)
+    )
 
 
 def resolve_config_arg(argv):

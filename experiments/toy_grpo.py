@@ -13,7 +13,7 @@ Outputs (under --out):
                                   true reward at iteration --early and at the end per group
                                   (G, and the exhaustive group of all V actions)
   toy_group_size_ablation.png     the policy's RM reward in training (reward_policy_mean,
-                                  smoothed, mean ± std over seeds) vs iteration, per group
+                                  smoothed, mean ± sample std over seeds) vs iteration, per group
   toy_group_size_true_reward.png  the policy's exact true reward vs iteration, per group
   toy_summary.json                the figures above, machine-readable
 """
@@ -160,6 +160,13 @@ def ablation_runs(g, seeds, tmp, steps):
     return np.array(rewards), evaluated, np.array(true)
 
 
+def seed_std(x):
+    """The sample standard deviation over seeds (axis 0, ddof=1), as in every other report; 0
+    for a single seed."""
+    x = np.asarray(x, float)
+    return x.std(0, ddof=1) if len(x) > 1 else np.zeros(x.shape[1:])
+
+
 def ablation(args, vocab_size, tmp):
     """The group-size ablation: curves for the two figures and the table's figures."""
     curves, true_curves, rows = {}, {}, {}
@@ -167,12 +174,12 @@ def ablation(args, vocab_size, tmp):
         rewards, evaluated, true = ablation_runs(g, args.seeds, tmp, args.steps)
         label = f"exhaustive (V={vocab_size})" if g == "exhaustive" else f"G={g}"
         sm = np.stack([smooth(r, args.smooth) for r in rewards])
-        curves[label] = (np.arange(sm.shape[1]) + args.smooth, sm.mean(0), sm.std(0))
-        true_curves[label] = (evaluated, true.mean(0), true.std(0))
+        curves[label] = (np.arange(sm.shape[1]) + args.smooth, sm.mean(0), seed_std(sm))
+        true_curves[label] = (evaluated, true.mean(0), seed_std(true))
         at = evaluated.index(args.early)
         rows[label] = {
-            "early": [float(true[:, at].mean()), float(true[:, at].std())],
-            "final": [float(true[:, -1].mean()), float(true[:, -1].std())],
+            "early": [float(true[:, at].mean()), float(seed_std(true[:, at]))],
+            "final": [float(true[:, -1].mean()), float(seed_std(true[:, -1]))],
         }
         m, sd = rows[label]["final"]
         print(f"{label}: final true reward {m:.4f} ± {sd:.4f}", flush=True)
@@ -256,7 +263,7 @@ def ablation_table(summary):
         f"Optimum {summary['optimum']:.4f}. Exhaustive: every one of the "
         f"V={summary['vocab_size']} actions is forced and scored, and the step follows the "
         "exact all-action gradient Σ_a π(a)·Â(a)·∇log π(a) (`group.mode=exhaustive`, "
-        "grpo_jax/single_step.py).",
+        "grpo_jax/single_step.py). ± is the sample standard deviation over the training seeds.",
         "",
         f"| group | eval/true_reward at iteration {early} | final eval/true_reward (mean ± std) |",
         "|---:|---:|---:|",

@@ -4,7 +4,9 @@
 import json
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
+import numpy as np
 import pytest
 from ml_collections import config_dict
 
@@ -122,11 +124,33 @@ def test_equal_compute_records_render_to_their_markdown(name, tmp_path):
     configs = {m: config_dict.ConfigDict(c) for m, c in raw["configs"].items()}
     other = equal_compute_report.budget_header({**raw, "jax": "9.9.9"}, configs)
     assert "(jax 9.9.9)" in other[2]  # the measuring process's version, from the record
+    # the record's stored summary is the one the report computes from its per-seed finals
+    assert raw["summary"] == equal_compute_report.budget_summary(
+        raw["runs"], raw["metrics"], raw["reference_mode"]
+    )
 
 
 def test_toy_record_renders_to_its_table():
     summary = json.loads((RESULTS / "toy_summary.json").read_text())
     assert toy_grpo.markdown(summary) == (RESULTS / "toy_table.md").read_text()
+
+
+def test_toy_ablation_bands_are_the_sample_std_over_seeds(monkeypatch):
+    """Three seeds' true reward at iterations 10 and 20 by hand: ± is the sample std (ddof=1),
+    0.02 and 0.01, as in every other report (not numpy's default ddof=0: 0.0163, 0.0082); a
+    single seed gives 0."""
+    true = np.array([[0.70, 0.71], [0.72, 0.72], [0.74, 0.73]])
+    rewards = np.array([[1.0, 2.0, 3.0], [2.0, 2.0, 2.0], [3.0, 2.0, 1.0]])
+    monkeypatch.setattr(toy_grpo, "ablation_runs", lambda *a: (rewards, [10, 20], true))
+    args = SimpleNamespace(groups=[2], seeds=[0, 1, 2], steps=20, smooth=1, early=10)
+    curves, true_curves, rows = toy_grpo.ablation(args, 10, None)
+    assert rows["G=2"]["early"] == pytest.approx([0.72, 0.02])
+    assert rows["G=2"]["final"] == pytest.approx([0.72, 0.01])
+    assert true_curves["G=2"][2] == pytest.approx([0.02, 0.01])
+    assert curves["G=2"][2] == pytest.approx([1.0, 0.0, 1.0])
+    monkeypatch.setattr(toy_grpo, "ablation_runs", lambda *a: (rewards[:1], [10, 20], true[:1]))
+    _, _, one = toy_grpo.ablation(SimpleNamespace(**{**vars(args), "seeds": [0]}), 10, None)
+    assert one["G=2"]["final"] == [0.71, 0.0]
 
 
 @pytest.mark.parametrize(
