@@ -12,6 +12,7 @@ import ml_collections
 import numpy as np
 import optax
 import pytest
+from _damage import flip_bit
 
 from grpo_jax.checkpoint import (
     Checkpointer,
@@ -182,13 +183,7 @@ def test_load_params_checks_the_digest_and_the_vocabulary(tmp_path: Path) -> Non
     load_params(tmp_path, template, {"vocab_sha256": "a" * 64, "data_sha256": "d" * 64})
     with pytest.raises(CheckpointError, match=r"trained on a vocabulary with digest aaaa"):
         load_params(tmp_path, template, {"vocab_sha256": "b" * 64})
-    data = max(
-        (p for p in (tmp_path / "checkpoints/2/state").rglob("d/*") if p.is_file()),
-        key=lambda p: p.stat().st_size,
-    )
-    raw = bytearray(data.read_bytes())
-    raw[len(raw) // 2] ^= 0x04
-    data.write_bytes(bytes(raw))
+    flip_bit(tmp_path / "checkpoints" / "2")
     with pytest.raises(CheckpointError, match=r"step 2 is damaged: params bytes do not match"):
         load_params(tmp_path, template)
 

@@ -22,6 +22,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from _damage import flip_bit
 from conftest import compilation_cache_dir
 from test_cli import ABSL_LOG_LINE
 
@@ -63,19 +64,6 @@ def snapshot(directory: Path) -> dict[str, bytes]:
 
 def warnings_of(caplog) -> list[str]:
     return [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
-
-
-def flip_bit(step_dir: Path) -> Path:
-    """Flips one bit in the middle of the step's largest data file (the arrays' bytes, which
-    orbax stores without a checksum: the restore succeeds with other values); returns it."""
-    path = max(
-        (p for p in (step_dir / "state").rglob("d/*") if p.is_file()),
-        key=lambda p: p.stat().st_size,
-    )
-    data = bytearray(path.read_bytes())
-    data[len(data) // 2] ^= 0x04
-    path.write_bytes(bytes(data))
-    return path
 
 
 def test_bit_flip_is_named_and_the_run_falls_back(tmp_path, shakespeare_path, caplog):
