@@ -25,6 +25,7 @@ import statistics
 import device_lock
 import jax
 from absl import app, flags
+from flop_count import step_flops
 from measure import (
     build_step,
     compile_step,
@@ -33,7 +34,6 @@ from measure import (
     matmul_peak,
     memory,
     run_steps,
-    step_flops,
     timed,
 )
 from ml_collections import config_flags
@@ -103,7 +103,7 @@ def breakdown(halves, step, state, inputs, runs):
 
 
 def flop_counts(step, state, inputs, batch, compiled=None):
-    """The step's matmul FLOPs (measure.step_flops) and each half's (the update on the
+    """The step's matmul FLOPs (flop_count.step_flops) and each half's (the update on the
     rollout's ``batch`` shapes), for its MFU beside breakdown()'s times. Tracing only: the
     count is the traced program's, the same on any device (so a CPU counts a GPU run's work:
     --flops_only)."""

@@ -33,7 +33,7 @@ Figures are thunk-ms per step: the sum of the thunks' own durations (on a mesh o
 devices, summed over the devices: each runs its own shard's thunks). Independent thunks run
 concurrently on the CPU's threads (the sum can exceed the wall time; both are reported) and one
 thunk may use several threads, so a share is a share of the program's busy time, not of cores.
-Beside them, the step's matmul FLOPs (measure.matmul_flops_of, dense and batched apart) give
+Beside them, the step's matmul FLOPs (flop_count.matmul_flops_of, dense and batched apart) give
 each matmul kind's FLOP rate per thunk-second. Control flow (while, conditional, call)
 is not summed: its time is its body's. Writes ``--out_dir/<name>.json`` and ``.md``; with
 ``--hlo``, also the compiled HLO text beside them (an XLA dump of the one program). The last
@@ -57,7 +57,8 @@ from pathlib import Path
 import device_lock
 import jax
 from absl import app, flags
-from measure import build_step, configure_host, matmul_flops_of, merged_uncounted
+from flop_count import matmul_flops_of, merged_uncounted
+from measure import build_step, configure_host
 from ml_collections import config_flags
 from xla_profile import (
     KIND_BATCHED,

@@ -225,7 +225,7 @@ def main(argv):
         "raw": raw,
         "note": (
             "matmul GFLOP: every dot_general the step executes (scan bodies times their "
-            "length, the backward pass included; measure.step_flops). XLA's cost analysis "
+            "length, the backward pass included; flop_count.step_flops). XLA's cost analysis "
             "counts a loop body once, so it undercounts a step with a decode loop. The peak "
             "is the best of this machine's matmuls at the model's own shapes "
             "(measure.matmul_peak: one call of 8 plain matmuls, nothing else in it, best of "

@@ -32,7 +32,7 @@ reasonable time this still shows whether the chunked step's buffers fit a given 
 Each run goes in its own subprocess, so the process peak RSS is that run's own. Memory: on GPU
 ``device.memory_stats()["peak_bytes_in_use"]``; on CPU the step executable's
 ``compiled.memory_analysis()`` argument + output + temp (- aliased), plus the process peak RSS.
-Each run also counts the step's matmul FLOPs (``measure.step_flops``: every dot_general the
+Each run also counts the step's matmul FLOPs (``flop_count.step_flops``: every dot_general the
 traced step executes, loops and the backward pass's recomputation included).
 
 One run alone (what experiments/gpu_suite.py calls, one subprocess per V): ``--one_run=
@@ -66,7 +66,8 @@ import device_lock
 import jax
 import numpy as np
 from absl import app, flags
-from measure import configure_host, memory, step_flops, time_train_step
+from flop_count import step_flops
+from measure import configure_host, memory, time_train_step
 from ml_collections import config_flags
 from scaling_report import GUIDE, fmt_bytes, markdown
 
@@ -101,7 +102,7 @@ flags.DEFINE_enum(
     ["k1", "k2", "k3", "exact", "exact_forward"],
     "grpo.kl_estimator with --reference=policy (k*: sampled-token; exact*: the loss's chunks).",
 )
-flags.DEFINE_bool("flops", True, "Count the step's matmul FLOPs (measure.step_flops).")
+flags.DEFINE_bool("flops", True, "Count the step's matmul FLOPs (flop_count.step_flops).")
 flags.DEFINE_integer("batch_size", 8, "Prompts per step (B).", lower_bound=1)
 flags.DEFINE_integer("context_len", 100, "Context length.", lower_bound=1)
 flags.DEFINE_integer("horizon", 70, "Horizon.", lower_bound=1)

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import jax
 
-KIND_BATCHED = {"matmul": False, "batched matmul": True}  # measure.matmul_flops_of's split
+KIND_BATCHED = {"matmul": False, "batched matmul": True}  # flop_count.matmul_flops_of's split
 CONTROL = {"while", "conditional", "call"}
 LAYOUT = {"copy", "bitcast", "transpose", "pad", "slice", "concatenate", "broadcast", "reshape"}
 LAYOUT |= {"dynamic-update-slice", "dynamic-slice", "iota", "wrapped"}

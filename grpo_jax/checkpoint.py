@@ -16,9 +16,7 @@ mid-save) are skipped with a warning.
 
 from __future__ import annotations
 
-import json
 import os
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -382,42 +380,6 @@ def _load_params(
         except Exception as err:
             raise _unreadable(where, err) from err
         return _checked_params(mngr, step, where, restored[_STATE]["params"], identity)
-
-
-def ensure_workdir(workdir: str | os.PathLike) -> Path:
-    """Creates ``workdir`` if missing; a plain file there is a usage error."""
-    path = Path(workdir).expanduser()
-    if path.exists() and not path.is_dir():
-        raise ValueError(f"--workdir {path} is a file; pass a directory")
-    path.mkdir(parents=True, exist_ok=True)
-    return path
-
-
-def _write_atomic(path: Path, text: str) -> None:
-    # Write-then-rename so a crash never leaves a half-written config behind.
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
-def save_config(workdir: str | os.PathLike, config: Any) -> None:
-    """Writes the resolved config to ``workdir/config.json`` and ``config.txt`` (process 0)."""
-    if jax.process_index() != 0:
-        return  # One writer on a shared filesystem.
-    path = ensure_workdir(workdir)
-    if hasattr(config, "to_json_best_effort"):
-        text = config.to_json_best_effort(indent=2, sort_keys=True)
-    else:
-        text = json.dumps(config, indent=2, sort_keys=True, default=repr)
-    _write_atomic(path / "config.json", text + "\n")
-    _write_atomic(path / "config.txt", str(config))
 
 
 def latest_step_of(directory: str | os.PathLike) -> int | None:

@@ -17,10 +17,9 @@ from _damage import flip_bit
 from grpo_jax.checkpoint import (
     Checkpointer,
     CheckpointError,
-    ensure_workdir,
     load_params,
-    save_config,
 )
+from grpo_jax.run_config import ensure_workdir, save_config  # the workdir's record
 
 
 class TrainState(NamedTuple):

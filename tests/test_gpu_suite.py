@@ -247,7 +247,7 @@ def test_a_profile_that_attributes_nothing_shows_no_rate():
 
 
 def test_work_the_counter_cannot_size_is_named_beside_the_mfu():
-    """A Pallas decode kernel's products are not in the rollout's GFLOP (measure.py reports
+    """A Pallas decode kernel's products are not in the rollout's GFLOP (flop_count.py reports
     them as uncounted): the record keeps the entries and the markdown names them."""
     sys.path.insert(0, str(ROOT / "experiments"))
     from gpu_suite_markdown import large_section

@@ -24,7 +24,7 @@ from grpo_jax.tasks.shakespeare import make_reference
 from grpo_jax.train_state import StepInputs, init_state, make_optimizer
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "experiments"))
-from measure import executed_dots, matmul_flops_of  # the FLOP counter's own jaxpr walk
+from flop_count import executed_dots, matmul_flops_of  # the FLOP counter's own jaxpr walk
 
 pytestmark = pytest.mark.usefixtures("fast_compiles")  # conftest.py
 
@@ -330,7 +330,7 @@ def test_reference_in_member_chunks_equals_the_materialised_kl(setup, estimator,
 
 def _executed_dots(jaxpr, lhs_shape) -> int:
     """dot_generals with this lhs shape that a jaxpr executes: a scan's (lax.map's) body
-    counts once per iteration (measure.executed_dots)."""
+    counts once per iteration (flop_count.executed_dots)."""
     return sum(n for eqn, n in executed_dots(jaxpr) if eqn.invars[0].aval.shape == lhs_shape)
 
 

@@ -1,6 +1,6 @@
-"""experiments/measure.py's FLOP counter: loops counted by their trip count, and equal to XLA's
-own cost analysis where XLA can see every iteration (the loop unrolled); the matmul peak's
-program: its matmuls and nothing else."""
+"""experiments/flop_count.py's FLOP counter (and measure.py's matmul floor): loops counted by
+their trip count, and equal to XLA's own cost analysis where XLA can see every iteration (the
+loop unrolled); the matmul peak's program: its matmuls and nothing else."""
 
 import sys
 from pathlib import Path
@@ -13,7 +13,8 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "experiments"))
 import measure
-from measure import matmul_floor, matmul_program, step_flops
+from flop_count import step_flops
+from measure import matmul_floor, matmul_program
 
 
 def _net(x, w, unroll):
@@ -43,7 +44,7 @@ def test_scan_bodies_count_their_trip_count_and_match_xla_unrolled():
 
 def test_batched_and_dense_matmuls_are_counted_apart():
     """Attention's batched dots and the dense layers' dots, split as profile_step reports them."""
-    from measure import matmul_flops_of
+    from flop_count import matmul_flops_of
 
     def f(x, w, q, k):
         return jnp.sum(x @ w) + jnp.sum(jnp.einsum("bqd,bkd->bqk", q, k))
@@ -114,9 +115,9 @@ def test_a_shard_map_body_counts_once_per_block_of_its_manual_axes():
     repeating it. Its FLOPs are the body's times the member axis (3), not times the whole mesh
     (6): the plain computation's. Fully manual, the body sees a [4, 2] block and every one of
     the 6 devices runs it. Traced on an abstract mesh: no devices needed."""
+    from flop_count import matmul_flops_of
     from jax.sharding import AbstractMesh, AxisType
     from jax.sharding import PartitionSpec as P
-    from measure import matmul_flops_of
 
     mesh = AbstractMesh((2, 3), ("data", "member"), axis_types=(AxisType.Auto,) * 2)
     gram = lambda x: x @ x.T  # [rows, cols] -> [rows, rows], 2 * rows * rows * cols FLOPs
@@ -137,7 +138,7 @@ def test_a_platform_dependent_branch_counts_as_this_backend_runs_it():
     counts its own (no matmul here), not the GPU's matmul; a data-dependent cond still
     counts its most expensive branch, as does a platform_dependent one with neither this
     backend's branch nor a default (it used to raise)."""
-    from measure import matmul_flops_of
+    from flop_count import matmul_flops_of
 
     x = jnp.ones((8, 8))
     square = lambda x: x @ x  # 2 * 8 * 8 * 8 FLOPs
@@ -162,7 +163,7 @@ def cudnn_traces(monkeypatch):
 
 def _attention_counts(impl, *shapes, **kw):
     """(forward, forward + backward) matmul FLOPs of jax.nn.dot_product_attention."""
-    from measure import matmul_flops_of
+    from flop_count import matmul_flops_of
 
     f = lambda q, k, v, m: jax.nn.dot_product_attention(q, k, v, mask=m, implementation=impl, **kw)
     loss = lambda *a: jnp.sum(f(*a).astype(jnp.float32))
@@ -188,7 +189,7 @@ def test_cudnn_attention_counts_as_the_products_its_flash_kernel_runs(cudnn_trac
 def test_cudnn_attention_that_skips_tiles_is_reported_not_counted(cudnn_traces):
     """A causal mask lets cuDNN skip tiles (its tiling decides how many): the counter raises
     by default, naming the primitive, and with a list it records the call and counts 0."""
-    from measure import UncountedMatmulError, matmul_flops_of
+    from flop_count import UncountedMatmulError, matmul_flops_of
 
     q = jax.ShapeDtypeStruct((2, 8, 3, 8), jnp.bfloat16)
     f = lambda q: jax.nn.dot_product_attention(q, q, q, is_causal=True, implementation="cudnn")
@@ -211,7 +212,7 @@ def test_a_model_on_cudnn_counts_the_xla_paths_forward_and_one_more_product_back
     equal (the same products), and the gradient's differ by the flash backward's recomputed
     QKᵀ, 2·B·N·T·S·H per attention call: the prefill's 2 prompts over their 6 tokens, the
     extend's 2 x 3 members over 7 tokens (padded to 8) against 6 + 7 keys (padded to 14)."""
-    from measure import matmul_flops_of
+    from flop_count import matmul_flops_of
 
     from grpo_jax.model import Transformer, group_logits, init_params
 
@@ -252,7 +253,7 @@ def _pallas_matmul(x, w, block: int):
 def test_a_pallas_kernel_counts_its_dot_generals_once_per_program_of_its_grid():
     """[32, 16] @ [16, 8] in 4 programs of [8, 16] @ [16, 8]: 4 x 2·8·16·8 = 2·32·16·8, as the
     plain matmul. The old counter walked the kernel once: a quarter of it."""
-    from measure import matmul_flops_of
+    from flop_count import matmul_flops_of
 
     x, w = jnp.ones((32, 16)), jnp.ones((16, 8))
     jaxpr = jax.make_jaxpr(lambda x, w: _pallas_matmul(x, w, 8))(x, w).jaxpr
@@ -264,7 +265,7 @@ def test_the_pallas_decode_kernel_is_reported_not_counted_as_zero():
     """decode_kernel.py's attention multiplies and sums (no dot_general): the counter cannot
     size its products from the kernel, so it raises by default and step_flops reports it
     (matmul_uncounted: the kernel, its op, how often it runs) beside the rest's count."""
-    from measure import UncountedMatmulError, matmul_flops_of
+    from flop_count import UncountedMatmulError, matmul_flops_of
 
     from grpo_jax.decode_kernel import attention
 
@@ -291,7 +292,7 @@ def test_the_pallas_decode_kernel_is_reported_not_counted_as_zero():
 def test_known_matmul_primitives_the_counter_cannot_size_are_never_counted_as_zero():
     """A grouped matmul (lax.ragged_dot: its groups' sizes are data) inside a 5-step scan:
     raised by default, else reported with its runs, one entry per op."""
-    from measure import UncountedMatmulError, matmul_flops_of
+    from flop_count import UncountedMatmulError, matmul_flops_of
 
     def f(x, w, sizes):
         body = lambda c, _: (jax.lax.ragged_dot(c, w, sizes)[:, :4], None)

@@ -228,7 +228,8 @@ def test_the_script_profiles_the_step_on_the_configs_mesh(tmp_path, shakespeare_
     runs (the HLO module partitioned in 2), not a 1-device one over the whole batch, and its
     matmul FLOPs are the same step's as counted on one device: the member shard_map's body
     counts once per member block, not once per device. A real subprocess (its own devices)."""
-    from measure import build_step, matmul_flops_of
+    from flop_count import matmul_flops_of
+    from measure import build_step
 
     from grpo_jax.configs.shakespeare import get_config
 
