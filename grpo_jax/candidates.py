@@ -152,8 +152,11 @@ def hierarchical_values(pi, actions, action_mask, weights, action_returns):
     """Per-action values q [B, V] for the exact all-action loss (see the module docstring).
 
     pi [B, V]: stop-gradient policy probabilities (for the control variate b_E); actions,
-    action_mask, weights, action_returns [B, A]: the hierarchical group's slots (weights > 0
-    marks a representative, 0 an expanded member)."""
+    action_mask, weights, action_returns [B, A]: the group's slots. weights > 0 marks a slot
+    that stands for others, rolled out with probability 1 / weight relative to them (a class
+    representative; a guided group's random explorer, groups.guided_candidates), 0 a slot
+    whose return is its own (an expanded member; a guided top-k token). The advantages'
+    std (scale group / batch) is then the π-weighted std of q over the whole vocabulary."""
     b, v = pi.shape
     is_rep = weights > 0
     member = (action_mask > 0) & ~is_rep

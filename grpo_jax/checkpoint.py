@@ -327,10 +327,14 @@ def _checked_params(mngr, step: int, where: str, restored: Any, identity: dict) 
     except Exception as err:
         raise _unreadable(where, err) from err
     record = record[_INTEGRITY] or {}
-    vocab = {k: v for k, v in identity.items() if k in ("vocab_sha256", "vocab_file")}
-    mismatch = integrity.identity_mismatch(step, record.get("identity", {}), vocab)
-    if mismatch:
-        raise CheckpointError(mismatch)
+    saved_vocab = record.get("identity", {}).get("vocab_sha256")
+    vocab = identity.get("vocab_sha256")
+    if saved_vocab and vocab and saved_vocab != vocab:
+        raise CheckpointError(
+            f"{where} was trained on another vocabulary (digest {integrity.short(saved_vocab)}, "
+            f"this run's {integrity.short(vocab)}); initialise from a checkpoint of this run's "
+            "vocabulary (the same corpus characters, or the same tokenizer)"
+        )
     saved = (record.get("state_sha256") or {}).get("params")
     read = (integrity.state_sha256({"params": restored}) or {}).get("params")
     bad = integrity.state_mismatch({"params": saved} if saved else None, {"params": read})

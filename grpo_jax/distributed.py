@@ -46,7 +46,8 @@ class Launch(NamedTuple):
     local_device_ids: tuple[int, ...] | None = None
 
     def given(self) -> bool:
-        """Whether anything was set by flag or environment (else: plain auto-detection)."""
+        """Whether anything was set (by flag, or by environment once ``resolve`` read it;
+        else: plain auto-detection)."""
         return any(v is not None for v in self)
 
 

@@ -73,8 +73,9 @@ class Part(NamedTuple):
     advantages: jax.Array  # [B, K, T] per-token advantages for the clipped surrogate
     action_returns: jax.Array  # [B, A] forced parts: return of each forced first action
     valid: jax.Array  # [B, K] float: members some reward term scored (not all None)
-    # hierarchical parts: [B, A] importance weight π_old(c)/π_old(a_c) of each class
-    # representative, 0 for expanded members (candidates.hierarchical_values); None otherwise
+    # [B, A] importance weights, read by candidates.hierarchical_values: hierarchical parts'
+    # π_old(c)/π_old(a_c) of each class representative (0: expanded members), guided parts'
+    # (V - k)/r of each random explorer (0: the guide's top-k); None otherwise
     action_weights: Any = None
     # log π_ref of each token [B, K, T] (sampled-token KL estimators k1/k2/k3), None otherwise
     ref_token_logp: Any = None
@@ -97,7 +98,8 @@ def guided_candidates(key, guide_logp, top_k, top_k_confident, n_random, thresho
     tokens. guide_logp [B, V].
 
     Returns (actions, mask float, weights) [B, top_k + n_random]: an explorer's weight is
-    its inverse inclusion probability (V - k) / n_random, a top-k slot's 0. The all-action
+    its inverse inclusion probability (V - k) / n_random, a top-k slot's 0 (weights None
+    when n_random = 0: the top-k alone, exact on the candidate set). The all-action
     loss reads them as candidates.hierarchical_values does a representative's: q(a) = R(a)
     on the top-k, b + [a explored](R(a) - b)(V - k)/n_random elsewhere (b: the π-weighted
     mean return of the top-k), so E[q(a)] = R(a) and the expected gradient is the exact
@@ -112,7 +114,9 @@ def guided_candidates(key, guide_logp, top_k, top_k_confident, n_random, thresho
     confident = objective.entropy_from_logits(guide_logp) < threshold
     slot = jnp.arange(top_k + n_random)
     mask = jnp.where(confident[:, None], slot < top_k_confident, True)
-    weights = jnp.where(slot < top_k, 0.0, (v - top_k) / max(n_random, 1))
+    if not n_random:  # the top-k alone: exact on the candidates, as a pruned group's
+        return actions, mask.astype(jnp.float32), None
+    weights = jnp.where(slot < top_k, 0.0, (v - top_k) / n_random)
     return actions, mask.astype(jnp.float32), jnp.broadcast_to(weights, actions.shape)
 
 

@@ -362,7 +362,7 @@ def all_action_loss(logp_all, returns, scale="none", eps=1e-8, mask=None):
       returns: `[B, V]` R(a), return of forcing a (treated as stop-gradient).
       scale: "none" (default), "group" (divide Â by the π-weighted std
         sqrt(Σ_a π̄(a)Â(a)²) + eps per row) or "batch" (by the root of the
-        row-mean of those variances + eps).
+        mean of those variances over the rows that have actions + eps).
       mask: optional `[B, V]` bool of actions to include.  π is restricted to the
         mask without renormalising in the loss; the baseline and std use π̄
         renormalised over the mask.  With a partial mask the gradient is that of
@@ -377,7 +377,8 @@ def all_action_loss(logp_all, returns, scale="none", eps=1e-8, mask=None):
 
 def policy_weighted_advantages(returns, pi, scale="none", eps=1e-8, mask=None):
     """Â(a) = R(a) - Σ_a π̄(a)R(a) over a whole action set, optionally divided by the
-    π̄-weighted std (``group``, per row) or the root of its row-mean (``batch``).
+    π̄-weighted std (``group``, per row) or the root of its mean over the rows that have
+    actions (``batch``).
 
     Args:
       returns: `[B, A]` R(a) of every action (stop-gradient).

@@ -252,16 +252,17 @@ def save_config(workdir: str | os.PathLike, config: Any) -> None:
     _write_atomic(path / "config.txt", str(config))
 
 
-def keep_files(workdir: Path, files) -> None:
+def keep_files(workdir: Path, files, replace: bool = False) -> None:
     """Writes a task's files (``Task.files``: (name, text) pairs, e.g. a trained tokenizer)
-    that the workdir lacks; an existing one is what this run's task was built from. Atomic
-    (a temp file renamed), so a crash never leaves half a tokenizer (process 0)."""
+    that the workdir lacks; an existing one is what this run's task was built from, unless
+    ``replace`` (a workdir without checkpoints: a failed first run's files bind nothing).
+    Atomic (a temp file renamed), so a crash never leaves half a tokenizer (process 0)."""
     if jax.process_index() != 0:
         return
     workdir.mkdir(parents=True, exist_ok=True)
     for name, text in files:
         path = workdir / name
-        if path.exists():
+        if path.exists() and not replace:
             continue
         tmp = workdir / f".{name}.tmp"
         # bytes, not text mode: no newline translation, so the file's sha256 is the text's

@@ -122,6 +122,8 @@ def warm_up(config, workdir):
         else:
             logging.info("warm-up: supervised pretraining in %s", target)
             train_and_evaluate(config, str(target), "pretrain")
+            if interrupts.requested() is not None:  # in its last step: stop before GRPO
+                raise interrupts.Interrupted(interrupts.requested(), int(config.pretrain.num_steps))
     return _with_init_from(config, target)
 
 
@@ -152,8 +154,11 @@ def train_and_evaluate(config, workdir: str, mode: str = "train"):
 
 def _build_in(config, workdir, mode):
     """The task, built in ``workdir`` (it may load what an earlier run kept there: a
-    tokenizer); every setting is checked before the workdir is touched."""
-    return build_task(config, mode, workdir)
+    tokenizer) once the workdir has checkpoints: a run that failed before its first save
+    binds nothing (run_config.check_resume), its kept files included. Every setting is
+    checked before the workdir is touched."""
+    kept = Path(str(workdir)).expanduser()
+    return build_task(config, mode, workdir if run_config.has_checkpoint(kept) else None)
 
 
 def _train_and_evaluate(config, workdir: str, mode: str = "train"):
@@ -194,7 +199,7 @@ def _train_and_evaluate(config, workdir: str, mode: str = "train"):
     if is_main_process():
         logging.info("%s over %d devices", sharding.describe(mesh), mesh.size)
     run_config.record(workdir, resolved, changes, int(state.step), mode)  # the run goes ahead
-    run_config.keep_files(workdir, task.files)
+    run_config.keep_files(workdir, task.files, replace=not run_config.has_checkpoint(workdir))
     writer = MetricWriter(
         workdir,
         tensorboard=config.logging.tensorboard,

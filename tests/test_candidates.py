@@ -107,6 +107,8 @@ def test_guided_explorers_make_the_estimator_exact_in_expectation():
         mean = mean + grad / 6
     np.testing.assert_allclose(mean, exact, atol=1e-6)
     assert not np.allclose(grad, exact, atol=1e-3)  # a single pair is an estimate
+    # no explorers: the top-k alone, no weights (exact on the candidates, as pruned)
+    assert guided_candidates(jax.random.PRNGKey(6), jnp.log(pi), 2, 2, 0, -1.0)[2] is None
 
 
 def _engine_run(horizon, key=0, steps=1, **group):

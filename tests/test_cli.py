@@ -292,6 +292,39 @@ def test_a_started_grpo_run_does_not_train_its_warm_up_on(tmp_path, monkeypatch)
     assert called == []
 
 
+def test_a_signal_in_the_warm_ups_last_step_stops_before_grpo(tmp_path, monkeypatch):
+    """The warm-up runs inside GRPO's deferred-signal block: a signal in its last step ends
+    it as a finished run, and the train run stops there instead of compiling GRPO first."""
+    import signal
+
+    from grpo_jax import interrupts, trainer
+    from grpo_jax.configs.arithmetic import get_config
+
+    monkeypatch.setattr(trainer, "train_and_evaluate", lambda *a: None)
+    monkeypatch.setattr(interrupts, "requested", lambda: signal.SIGTERM)
+    with pytest.raises(interrupts.Interrupted, match="SIGTERM at step"):
+        trainer.warm_up(get_config("tiny"), tmp_path)
+
+
+def test_a_failed_first_runs_tokenizer_binds_nothing(tmp_path, monkeypatch):
+    """A BPE run that failed before its first save kept tokenizer.json: the rerun builds its
+    task afresh (it may change data.vocab_size) and its own tokenizer replaces the old one;
+    once checkpoints exist the kept tokenizer is the one they were trained with."""
+    from grpo_jax import trainer
+    from grpo_jax.run_config import keep_files
+
+    built = []
+    monkeypatch.setattr(trainer, "build_task", lambda config, mode, workdir: built.append(workdir))
+    (tmp_path / "tokenizer.json").write_text("old")
+    trainer._build_in(None, str(tmp_path), "train")
+    keep_files(tmp_path, (("tokenizer.json", "new"),), replace=True)
+    assert (tmp_path / "tokenizer.json").read_text() == "new"
+    _committed(tmp_path)
+    trainer._build_in(None, str(tmp_path), "train")
+    keep_files(tmp_path, (("tokenizer.json", "newer"),))
+    assert built == [None, str(tmp_path)] and (tmp_path / "tokenizer.json").read_text() == "new"
+
+
 def test_unreadable_checkpoints_are_one_line_without_loop_tracebacks(tiny_run, env, tmp_path):
     """Every step's manifest emptied: --mode=eval ends in one line, and none of the
     "RuntimeError: Event loop is closed" tracebacks tensorstore's late callbacks used to print
