@@ -246,13 +246,7 @@ class Checkpointer:
         )
 
     def _integrity(self, step: int, where: str) -> dict:
-        if not (self.directory / str(step) / _INTEGRITY).exists():
-            return {}  # saved before checkpoints recorded digests: nothing to check
-        args = ocp.args.Composite(**{_INTEGRITY: ocp.args.JsonRestore()})
-        try:
-            return self._manager.restore(step, args=args)[_INTEGRITY] or {}
-        except Exception as err:
-            raise _unreadable(where, err) from err
+        return _integrity_record(self._manager, self.directory, step, where)
 
     def _restore_step(self, state_template: Any, step: int) -> Any:
         where = self._where(step)
@@ -318,15 +312,20 @@ def load_params(
         raise CheckpointError(f"{err}; {_FIX}") from err
 
 
-def _checked_params(mngr, step: int, where: str, restored: Any, identity: dict) -> Any:
-    """``restored`` params once the step's integrity record (if any) vouches for them."""
-    if not (Path(mngr.directory) / str(step) / _INTEGRITY).exists():
-        return restored  # saved before checkpoints recorded digests: nothing to check
+def _integrity_record(manager, directory: Path, step: int, where: str) -> dict:
+    """The step's integrity item (integrity.py), {} for a step saved before they existed."""
+    if not (Path(directory) / str(step) / _INTEGRITY).exists():
+        return {}  # nothing to check
+    args = ocp.args.Composite(**{_INTEGRITY: ocp.args.JsonRestore()})
     try:
-        record = mngr.restore(step, args=ocp.args.Composite(**{_INTEGRITY: ocp.args.JsonRestore()}))
+        return manager.restore(step, args=args)[_INTEGRITY] or {}
     except Exception as err:
         raise _unreadable(where, err) from err
-    record = record[_INTEGRITY] or {}
+
+
+def _checked_params(mngr, step: int, where: str, restored: Any, identity: dict) -> Any:
+    """``restored`` params once the step's integrity record (if any) vouches for them."""
+    record = _integrity_record(mngr, mngr.directory, step, where)
     saved_vocab = record.get("identity", {}).get("vocab_sha256")
     vocab = identity.get("vocab_sha256")
     if saved_vocab and vocab and saved_vocab != vocab:

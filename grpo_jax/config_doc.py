@@ -96,9 +96,10 @@ def field_comments(config_file: str | Path) -> dict[str, str]:
     block_fields: dict[str, dict[str, str]] = {}
     for func, path, comment, _, _ in _assignments(Path(config_blocks.__file__).read_text()):
         block_fields.setdefault(func, {}).setdefault(path, comment)
+    assignments, calls = list(_assignments(source)), list(_block_calls(source))
     out: dict[str, str] = {}
     for in_variant in (False, True):
-        for _, path, comment, value, branch in _assignments(source):
+        for _, path, comment, value, branch in assignments:
             if branch != in_variant:
                 continue
             if comment and not out.get(path):
@@ -108,28 +109,26 @@ def field_comments(config_file: str | Path) -> dict[str, str]:
             if isinstance(called, ast.Attribute) and called.attr in block_fields:
                 for field, field_comment in block_fields[called.attr].items():
                     out.setdefault(f"{path}.{field}", field_comment)
-        for path, func in _block_calls(source, in_variant):
+        for path, func, branch in calls:
+            if branch != in_variant:
+                continue
             for field, field_comment in block_fields.get(func, {}).items():
                 # a variant's bare re-assignment (no comment) keeps the block's comment
                 out[f"{path}.{field}"] = out.get(f"{path}.{field}") or field_comment
     return out
 
 
-def _block_calls(source: str, in_variant: bool):
-    """(dotted path, function) of every ``blocks.f(c.a.b, ...)`` statement (under an ``if``
-    or not, as ``in_variant`` says): a block function that adds fields to an existing block."""
+def _block_calls(source: str):
+    """(dotted path, function, under an ``if``) of every ``blocks.f(c.a.b, ...)`` statement: a
+    block function that adds fields to an existing block."""
     tree = ast.parse(source)
     branches = _in_branches(tree)
     for node in ast.walk(tree):
         if isinstance(node, ast.Expr) and isinstance(node.value, ast.Call):
             call = node.value
             path = _attribute_path(call.args[0]) if call.args else None
-            if (
-                isinstance(call.func, ast.Attribute)
-                and path
-                and (id(node) in branches) == in_variant
-            ):
-                yield ".".join(path), call.func.attr
+            if isinstance(call.func, ast.Attribute) and path:
+                yield ".".join(path), call.func.attr, id(node) in branches
 
 
 def leaves(config, prefix: str = ""):

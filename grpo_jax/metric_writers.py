@@ -95,6 +95,11 @@ def truncate_rows(path: Path, last_step: int) -> None:
             continue  # a partial row of a crash mid-write: read_metrics would skip it too
         if isinstance(step, int) and step <= last_step:
             kept.append(line if line.endswith("\n") else line + "\n")
+    _rewrite(path, lines, kept)
+
+
+def _rewrite(path: Path, lines: list[str], kept: list[str]) -> None:
+    """``path`` as ``kept`` when that drops any of its ``lines``; write-then-rename."""
     if len(kept) == len(lines):
         return
     tmp = path.with_name(f".{path.name}.tmp")
@@ -116,11 +121,7 @@ def _truncate_sections(path: Path, last_step: int) -> None:
             keep = int(header[1]) <= last_step
         if keep:
             kept.append(line)
-    if len(kept) == len(lines):
-        return
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text("".join(kept), encoding="utf-8")
-    os.replace(tmp, path)
+    _rewrite(path, lines, kept)
 
 
 def _ends_mid_line(path: Path) -> bool:

@@ -74,12 +74,16 @@ def check_workdir(workdir: str | os.PathLike) -> Path:
     return path
 
 
+def _tree(config: Any) -> dict[str, Any]:
+    """A ConfigDict (or dict) as nested dicts after a JSON round trip: what config.json holds."""
+    if hasattr(config, "to_json_best_effort"):
+        return json.loads(config.to_json_best_effort())
+    return json.loads(json.dumps(config, default=repr))
+
+
 def flat(config: Any) -> dict[str, Any]:
     """``{"a.b": value}`` of a ConfigDict (or dict) after a JSON round trip."""
-    if hasattr(config, "to_json_best_effort"):
-        tree = json.loads(config.to_json_best_effort())
-    else:
-        tree = json.loads(json.dumps(config, default=repr))
+    tree = _tree(config)
     out: dict[str, Any] = {}
 
     def walk(node, prefix):
@@ -126,10 +130,6 @@ def _show(changes: dict[str, tuple], limit: int = 3) -> str:
 MODE = "run_mode"  # the record's own field: which --mode trained these checkpoints
 
 
-def _with_mode(config: Any, mode: str) -> dict[str, Any]:
-    return {**flat(config), MODE: mode}
-
-
 def has_checkpoint(workdir: Path) -> bool:
     return ckpt_lib.latest_step_of(workdir / "checkpoints") is not None
 
@@ -168,7 +168,7 @@ def check_resume(workdir: Path, config: Any, mode: str = "train") -> dict[str, t
             f"--mode={old[MODE]}, or start --mode={mode} in a fresh --workdir (from its "
             f"params: --config.init_from={workdir})"
         )
-    changes = _changes(old, _with_mode(config, mode))
+    changes = _changes(old, {**flat(config), MODE: mode})
     _refuse_fixed(workdir, changes, "model/data/objective", "use a fresh --workdir or resume")
     return changes
 
@@ -195,25 +195,13 @@ def record(workdir: Path, config: Any, changes: dict[str, tuple], step: int, mod
     if jax.process_index() != 0:
         return  # one writer on a shared filesystem
     if not (workdir / "config.json").is_file() or not has_checkpoint(workdir):
-        save_config(workdir, ConfigDict(_nested(_with_mode(config, mode))))
+        save_config(workdir, ConfigDict({**_tree(config), MODE: mode}))
         (workdir / HISTORY).unlink(missing_ok=True)
         return
     if changes:
         entry = {"step": int(step), "changed": {k: list(v) for k, v in changes.items()}}
         with open(workdir / HISTORY, "a") as f:
             f.write(json.dumps(entry, sort_keys=True) + "\n")
-
-
-def _nested(flat_record: dict[str, Any]) -> dict[str, Any]:
-    """{"a.b": v} -> {"a": {"b": v}}: config.json keeps the config's own shape."""
-    out: dict[str, Any] = {}
-    for key, value in flat_record.items():
-        *parents, leaf = key.split(".")
-        node = out
-        for p in parents:
-            node = node.setdefault(p, {})
-        node[leaf] = value
-    return out
 
 
 def ensure_workdir(workdir: str | os.PathLike) -> Path:
@@ -226,11 +214,12 @@ def ensure_workdir(workdir: str | os.PathLike) -> Path:
 
 
 def _write_atomic(path: Path, text: str) -> None:
-    # Write-then-rename so a crash never leaves a half-written config behind.
+    """Write-then-rename, so a crash never leaves half a file behind. Bytes, not text mode: no
+    newline translation, so a kept file's sha256 is its text's (a tokenizer's digest)."""
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
+        with os.fdopen(fd, "wb") as f:
+            f.write(text.encode("utf-8"))
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
@@ -262,9 +251,5 @@ def keep_files(workdir: Path, files, replace: bool = False) -> None:
     workdir.mkdir(parents=True, exist_ok=True)
     for name, text in files:
         path = workdir / name
-        if path.exists() and not replace:
-            continue
-        tmp = workdir / f".{name}.tmp"
-        # bytes, not text mode: no newline translation, so the file's sha256 is the text's
-        tmp.write_bytes(text.encode("utf-8"))
-        os.replace(tmp, path)
+        if not path.exists() or replace:
+            _write_atomic(path, text)

@@ -206,8 +206,7 @@ def _train_and_evaluate(config, workdir: str, mode: str = "train"):
         wandb=config.logging.wandb,
         wandb_project=config.logging.wandb_project,
         config=config,
-        # a resume drops the rows it is about to log again; so does a rerun's eval at start
-        start_step=int(state.step) - int(int(state.step) == 0 and _eval_at_start(config)),
+        start_step=_logged_from(int(state.step), config),
     )
     try:
         return _loop(config, task, tc, jstep, state, inputs, workdir, ckpt, writer)
@@ -271,6 +270,12 @@ def _non_finite(loss, step, saved):
 
 def _eval_at_start(config) -> bool:
     return bool(config.train.get("eval_at_start", False))
+
+
+def _logged_from(start: int, config) -> int:
+    """The last step whose logs a run starting at ``start`` keeps (MetricWriter's start_step):
+    a resume logs the steps after it again; a run that evaluates its step 0 logs that too."""
+    return -1 if start == 0 and _eval_at_start(config) else start
 
 
 def _stop(ckpt, writer, done, state):
