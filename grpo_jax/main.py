@@ -24,6 +24,7 @@ runs this same command with its own ``--process_id`` (or ``JAX_PROCESS_ID``):
 import json
 import logging as std_logging
 import os
+import re
 import sys
 
 import ml_collections
@@ -194,6 +195,32 @@ def _quiet_closed_loop(default_hook):
     return hook
 
 
+# absl::Status code names, which tensorstore's errors (as ValueError) begin with.
+_TENSORSTORE_STATUS = re.compile(r"^[A-Z][A-Z_]+: ")
+
+
+class _QuietSiblingReadErrors(std_logging.Filter):
+    """Drops asyncio's "Task exception was never retrieved" for tensorstore read errors.
+
+    Orbax restores every array of a checkpoint concurrently (``asyncio.gather``); on unreadable
+    files the first failure propagates and becomes our one error line, while the sibling reads'
+    identical failures are left unretrieved and asyncio logs each with a traceback whenever the
+    garbage collector reaches its task (before or after that line, depending on load). Any
+    other unretrieved exception is still logged."""
+
+    def filter(self, record: std_logging.LogRecord) -> bool:
+        if not str(record.msg).startswith("Task exception was never retrieved"):
+            return True
+        value = record.exc_info[1] if record.exc_info else None
+        return not (isinstance(value, ValueError) and _TENSORSTORE_STATUS.match(str(value)))
+
+
+def _quiet_failed_restores():
+    """Keeps a failed restore to its one error line: neither teardown artefact above prints."""
+    sys.unraisablehook = _quiet_closed_loop(sys.unraisablehook)
+    std_logging.getLogger("asyncio").addFilter(_QuietSiblingReadErrors())
+
+
 def _help(argv):
     """``--help``: this module's usage and flags (absl's own help would list only the flags of
     the console-script shim), then the chosen config's fields with their values and comments
@@ -220,7 +247,7 @@ def cli():
     # jax narrates its backend probe ("Unable to initialize backend 'tpu'") at INFO, which
     # absl prints to stderr; keep stderr to our own lines (and one line on an error).
     std_logging.getLogger("jax._src.xla_bridge").setLevel(std_logging.WARNING)
-    sys.unraisablehook = _quiet_closed_loop(sys.unraisablehook)
+    _quiet_failed_restores()
     argv = _help(sys.argv) if any(a in HELP_FLAGS for a in sys.argv[1:]) else sys.argv
     try:
         argv = _resolve_config_args(argv)
