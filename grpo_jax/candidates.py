@@ -31,7 +31,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from grpo_jax.specs import GroupSpec, require
+from grpo_jax.specs import GroupSpec
+from grpo_jax.validate import require
 
 
 def pruned_candidates(guide_logp, coverage: float, max_candidates: int):

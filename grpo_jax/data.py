@@ -183,14 +183,14 @@ def window_len(data_config) -> int:
     return int(data_config.get("context_len", 0)) + int(data_config.get("horizon", 0))
 
 
-def check_splits(train, val, window: int, unit: str = "chars") -> None:
-    """Each split must hold more than one window of `window` tokens (`unit` names them)."""
+def check_splits(train, val, window: int, unit="chars", size="context_len + horizon") -> None:
+    """Each split must hold more than one window of `window` tokens (`unit` names them,
+    `size` the settings that make a window)."""
     for name, part in (("train", train), ("val", val)):
         if len(part) <= window:
             raise ValueError(
-                f"{name} split has {len(part)} {unit}, too few for windows of "
-                f"context_len + horizon = {window}: change data.train_fraction "
-                "or use a larger corpus"
+                f"{name} split has {len(part)} {unit}, too few for windows of {size} = {window}: "
+                "change data.train_fraction or use a larger corpus"
             )
 
 

@@ -151,14 +151,13 @@ def make_grpo_step(
         k_data, k_roll = jax.random.split(key)
         return groups_of(state, inputs, prompts_of(k_data, inputs.data), k_roll)
 
-    def host(batch: Batch):
+    def host(batch: Batch, fetch=jax.device_get):
         """Python rewards of every part, on the host: per part (values, valid) arrays
-        [n_host_terms, B, K]."""
+        [n_host_terms, B, K]. ``fetch`` brings the arrays decoding reads to this host whole
+        (sharding.fetch_global when they span other processes' devices)."""
         out = []
         for part in batch.parts:  # only what decoding reads crosses to the host
-            prompts, tokens, mask = jax.device_get(
-                (part.prompts, part.tokens, part.completion_mask)
-            )
+            prompts, tokens, mask = fetch((part.prompts, part.tokens, part.completion_mask))
             texts = decode(prompts, np.asarray(tokens), np.asarray(mask))
             out.append(rewards.host_values(host_terms, tokens.shape[:2], *texts))
         return tuple(out)
@@ -212,7 +211,7 @@ def make_grpo_step(
         params = keep_if_finite(finite, params, state.params)
         opt_state = keep_if_finite(finite, opt_state, state.opt_state)
         out.update(metrics.group_metrics(parts, forced_flags, policy.vocab_size))
-        out.update(metrics.reward_term_metrics(reward_terms, parts, term_returns))
+        out.update(metrics.reward_term_metrics(reward_terms, parts, term_returns, reward_discount))
         out.update(metrics.completion_metrics(parts, eos_id))
         out.update(batch.info)
         out["learning_rate"] = schedule(state.step)

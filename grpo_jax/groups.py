@@ -124,6 +124,12 @@ def adaptive_budget(batch_size: int) -> int:
     return max(1, math.ceil(batch_size / 4))
 
 
+def _needed(classes):
+    if classes is None:  # a task without token classes (the single-step ones)
+        raise ValueError("group.mode=hierarchical needs the task's token classes")
+    return classes
+
+
 def members_per_prompt(spec: GroupSpec, vocab_size: int, batch_size: int, classes=None) -> float:
     """Rollouts per prompt (for throughput figures); ``classes``: hierarchical's token classes."""
     n = spec.continuations_per_action
@@ -136,7 +142,7 @@ def members_per_prompt(spec: GroupSpec, vocab_size: int, batch_size: int, classe
     if spec.mode == "pruned":
         return spec.max_candidates * n
     if spec.mode == "hierarchical":
-        return candidates.group_slots(classes, spec.expand_classes) * n
+        return candidates.group_slots(_needed(classes), spec.expand_classes) * n
     return spec.size + adaptive_budget(batch_size) * vocab_size * n / batch_size
 
 
@@ -246,9 +252,7 @@ def make_collect(
     n_cont = g.continuations_per_action
     empty_actions = lambda b: (jnp.zeros((b, 0), jnp.int32), jnp.zeros((b, 0)))
     if g.mode == "hierarchical":
-        if classes is None:
-            raise ValueError("group.mode=hierarchical needs the task's token classes")
-        members, member_mask = (jnp.asarray(x) for x in candidates.class_members(classes))
+        members, member_mask = (jnp.asarray(x) for x in candidates.class_members(_needed(classes)))
         classes = jnp.asarray(classes)
 
     def roll(params, state, prompts, first_logits, first, u, chunk):

@@ -39,6 +39,7 @@ import orbax.checkpoint as ocp
 
 from grpo_jax import checkpoint as ckpt_lib
 from grpo_jax import data as data_lib
+from grpo_jax import integrity
 from grpo_jax.encoder import SCORE_HEAD, Encoder
 from grpo_jax.train_state import TrainState, supervised_update
 
@@ -271,8 +272,10 @@ def saved_param_names(path: str) -> set:
     return set(params) if isinstance(params, dict) else set()
 
 
-def load_judge(config, model, vocab_size: int):
-    """The frozen judge's params from ``judge.checkpoint``; one-line ValueError otherwise."""
+def load_judge(config, model, vocab):
+    """The frozen judge's params from ``judge.checkpoint``, trained on ``vocab`` (a judge of
+    another corpus gives the same shapes, but its ids mean other characters); one-line
+    ValueError otherwise."""
     path = config.judge.checkpoint
     if not path:
         raise ValueError(
@@ -286,4 +289,10 @@ def load_judge(config, model, vocab_size: int):
             f"{SCORE_HEAD!r}; found {sorted(names)[:4]}); train one with --mode=train_judge"
         )
     template = model.init(jax.random.PRNGKey(0), jnp.zeros((1, config.data.window_len), jnp.int32))
-    return ckpt_lib.load_params(path, template["params"])
+    try:
+        return ckpt_lib.load_params(path, template["params"], integrity.run_identity(vocab))
+    except ckpt_lib.CheckpointError as err:
+        raise ValueError(
+            f"judge.checkpoint={path!r}: {str(err).splitlines()[0]}; train a judge on this "
+            "corpus with --mode=train_judge"
+        ) from err

@@ -94,15 +94,16 @@ def group_metrics(parts, forced_flags, vocab_size: int) -> dict:
     return out
 
 
-def reward_term_metrics(terms, parts, term_values) -> dict:
+def reward_term_metrics(terms, parts, term_values, discount=1.0) -> dict:
     """``rewards/<term>/mean`` and ``/std`` of each term's raw (unweighted) return over every
-    member that counts and that the term scored (a term's None is left out)."""
+    member that counts and that the term scored (a term's None is left out); the returns are
+    γ-discounted like the ``reward`` (``reward.discount``)."""
     out = {}
     for term in terms:
         rs, ws = [], []
         for i, part in enumerate(parts):
             values, valid = term_values[i]
-            r = scoring.sequence_returns(values[term.name], part.token_mask)
+            r = scoring.sequence_returns(values[term.name], part.token_mask, discount)
             w = (part.member_mask > 0) & (values[f"{term.name}/valid"] > 0)
             rs.append(r.reshape(-1))
             ws.append(w.reshape(-1).astype(jnp.float32))

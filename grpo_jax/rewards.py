@@ -15,6 +15,7 @@ e.g. "match_partial:1.0,match:0.5". All rewards are pure and jittable.
 from __future__ import annotations
 
 import math
+import reprlib
 from collections.abc import Callable
 from typing import NamedTuple
 
@@ -206,8 +207,8 @@ def device_values(terms, reward_state, part):
 def host_values(terms, shape, prompts, completions, fields):
     """Python terms on one part's decoded text: (values, valid) float32 [n_terms, B, K].
 
-    A term that raises, returns a non-list or the wrong number of values stops the run with
-    one line naming it."""
+    A term that raises, returns a non-list, the wrong number of values or a value that is no
+    finite number (NaN reads as None) stops the run with one line naming it."""
     n = int(np.prod(shape))
     values = np.zeros((len(terms), n), np.float32)
     valid = np.zeros((len(terms), n), np.float32)
@@ -224,9 +225,29 @@ def host_values(terms, shape, prompts, completions, fields):
                 "return one float (or None) per completion"
             )
         for i, x in enumerate(out):
-            if x is not None:
-                values[j, i], valid[j, i] = float(x), 1.0
+            score = _host_score(term.name, x)
+            if score is not None:
+                values[j, i], valid[j, i] = score, 1.0
     return values.reshape(len(terms), *shape), valid.reshape(len(terms), *shape)
+
+
+def _host_score(name: str, x) -> float | None:
+    """One completion's value from a Python term: a finite number, or None (unscored). NaN
+    also means unscored, as in TRL, which stores None as NaN; anything else stops the run in
+    one line naming the term."""
+    if x is None:
+        return None
+    try:
+        score = float(x)
+        ok = not math.isinf(score)
+    except (TypeError, ValueError):
+        ok = False
+    if not ok:
+        raise ValueError(
+            f"reward term {name!r} returned {reprlib.repr(x)}; return one finite float (or "
+            "None) per completion"
+        )
+    return None if math.isnan(score) else score
 
 
 def combine(device_terms, dev, host_terms, host, mask):

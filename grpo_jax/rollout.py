@@ -34,10 +34,12 @@ def tempered_logp(logits, sp: SamplingParams):
 
 def _filtered(logp, sp: SamplingParams):
     """Restrict to top-k / nucleus; the training log-probs stay those of the tempered policy
-    (the usual convention: filtering is a sampling heuristic, not part of π)."""
+    (the usual convention: filtering is a sampling heuristic, not part of π). As in HF's
+    warpers and vLLM, the nucleus is measured on the top-k tokens' renormalised mass."""
     if sp.top_k:
         kth = jax.lax.top_k(logp, sp.top_k)[0][..., -1:]
         logp = jnp.where(logp >= kth, logp, -jnp.inf)
+        logp = logp - jax.nn.logsumexp(logp, axis=-1, keepdims=True)
     if sp.top_p < 1.0:
         srt = jnp.sort(logp, axis=-1)[..., ::-1]
         cum = jnp.cumsum(jnp.exp(srt), axis=-1)

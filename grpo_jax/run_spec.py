@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import dataclasses
 
-from grpo_jax.specs import TrainSpec, boolean, choice, integer, integers, number, require
+from grpo_jax.specs import TrainSpec
+from grpo_jax.validate import boolean, choice, integer, integers, number, require
 
 CPU_BUFFERS = ("retain", "release")  # grpo_jax/host.py
 

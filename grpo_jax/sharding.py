@@ -37,6 +37,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from absl import logging
+from jax.experimental import multihost_utils
 from jax.sharding import AxisType, Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
@@ -183,6 +184,15 @@ def put(tree: Any, shardings: Any) -> Any:
     return jax.tree.map(one, tree, shardings)
 
 
+def fetch_global(tree: Any) -> Any:
+    """Every array of ``tree`` whole, as numpy, on every process (``jax.device_get`` reads
+    only arrays this process's devices hold all of); the Python rewards of a multi-process
+    run score the whole batch on each process, which ``put`` then expects identical."""
+    if jax.process_count() == 1:
+        return jax.device_get(tree)
+    return multihost_utils.process_allgather(tree, tiled=True)
+
+
 def make_member_map(mesh: Mesh):
     """``member_map(fn, first_tokens [B, K], u [B, K, H])`` for rollout.rollout_from_prefix:
     runs ``fn`` on each device's slice of the K members with ``jax.shard_map`` over
@@ -262,7 +272,7 @@ def jit_step(step, mesh: Mesh, state, inputs, shard_params: bool = False, wrap=N
 
     def run(state, inputs):
         batch = rollout(state, inputs)
-        return update(state, inputs, batch, host(batch))
+        return update(state, inputs, batch, put(host(batch, fetch_global), rep))
 
     return run, state, inputs, state_sh
 

@@ -10,8 +10,6 @@ reference, judge, ...) by their task's own ``specs(config)`` in grpo_jax/tasks/,
 from __future__ import annotations
 
 import dataclasses
-import math
-from typing import Any
 
 import jax
 import jax.extend
@@ -19,6 +17,7 @@ import jax.extend
 from grpo_jax import objective
 from grpo_jax.model import ATTENTION, DECODE_KERNELS
 from grpo_jax.rollout import SamplingParams
+from grpo_jax.validate import boolean, choice, integer, number, require
 
 GROUP_MODES = ("sampled", "exhaustive", "guided", "adaptive", "pruned", "hierarchical")
 CLASS_KINDS = ("chars", "blocks")
@@ -26,50 +25,6 @@ CONTINUATION_CREDITS = ("position", "return")
 ESTIMATORS = ("uniform", "expected")
 GUIDES = ("reference", "policy")
 HALF = ("bfloat16", "float16")
-
-
-def require(ok: bool, field: str, value: Any, valid: str) -> None:
-    """The one shape of a config error: ``field=value`` and what would be valid (a phrase
-    starting "must ..."), e.g. "group.size=1 must be an integer >= 2"."""
-    if not ok:
-        raise ValueError(f"{field}={value!r} {valid}")
-
-
-def choice(field: str, value: Any, choices) -> Any:
-    if value not in choices:
-        raise ValueError(f"{field}={value!r} is unknown; choose from {', '.join(choices)}")
-    return value
-
-
-def integer(field: str, value: Any, low: int = 0) -> int:
-    ok = isinstance(value, int) and not isinstance(value, bool) and value >= low
-    require(ok, field, value, f"must be an integer >= {low}")
-    return int(value)
-
-
-def boolean(field: str, value: Any) -> bool:
-    require(isinstance(value, bool), field, value, "must be True or False")
-    return value
-
-
-def integers(field: str, value: Any, low: int = 1) -> tuple[int, ...]:
-    ok = isinstance(value, tuple | list) and all(
-        isinstance(v, int) and not isinstance(v, bool) and v >= low for v in value
-    )
-    require(ok, field, value, f"must be a tuple of integers >= {low}, e.g. ({low}, {low + 3})")
-    return tuple(int(v) for v in value)
-
-
-def number(
-    field: str, value: Any, low: float = -math.inf, high: float = math.inf, open_low=False,
-    open_high=False,
-):  # fmt: skip
-    ok = isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
-    ok = ok and (value > low if open_low else value >= low)
-    ok = ok and (value < high if open_high else value <= high)
-    bounds = f"{'(' if open_low else '['}{low}, {high}{')' if open_high else ']'}"
-    require(ok, field, value, f"must be a finite number in {bounds}")
-    return float(value)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -114,7 +69,9 @@ class GroupSpec:
             ),
             vocab_chunk=integer("group.vocab_chunk", g.get("vocab_chunk", 0)),
             loss_chunk=integer("group.loss_chunk", g.get("loss_chunk", 0)),
-            train_continuations=bool(g.get("train_continuations", True)),
+            train_continuations=boolean(
+                "group.train_continuations", g.get("train_continuations", True)
+            ),
             entropy_threshold=number("group.entropy_threshold", g.get("entropy_threshold", 0.0)),
             guide=choice("group.guide", g.get("guide", "policy"), GUIDES),
             guide_top_k=integer("group.guide_top_k", g.get("guide_top_k", 1), 1),

@@ -14,6 +14,7 @@ import numpy as np
 
 PAD_ID = 0
 EOS_ID = 1
+PAD_TEXT = "\ufffd"  # a PAD inside a completion, as its text reads (decode_completion)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -57,7 +58,12 @@ class CharTokenizer:
         return "".join(self.chars[i - 2] for i in ids if i >= 2)
 
     def decode_completion(self, ids) -> str:
-        """Text of the ids before the first EOS, PADs dropped (what a reward sees)."""
+        """Text of the ids before the first EOS: what a reward sees. A PAD there was sampled
+        (the policy may emit any id; an exhaustive group forces it) and reads as PAD_TEXT, so
+        that no text reward takes "2<PAD>70" for "270" (TRL decodes with
+        skip_special_tokens, which drops it)."""
         ids = np.asarray(ids).reshape(-1)
         ends = np.flatnonzero(ids == EOS_ID)
-        return self.decode(ids[: ends[0]] if ends.size else ids)
+        head = ids[: ends[0]] if ends.size else ids
+        runs = np.split(head, np.flatnonzero(head == PAD_ID))  # each run after the first: a PAD
+        return PAD_TEXT.join(self.decode(run) for run in runs)

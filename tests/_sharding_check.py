@@ -104,8 +104,8 @@ def param_diff(a, b):
     return worst, key_bias
 
 
-def equivalence(mode: str, steps: int = 3):
-    config = tiny_config(mode)
+def equivalence(mode: str, steps: int = 3, config=None):
+    config = config or tiny_config(mode)
     task = task_lib.build_task(config, "train")
     params0 = trainer.initial_params(config, task)
     base_m, base_p, _, _ = run_mesh(config, task, params0, None, steps)
@@ -130,6 +130,23 @@ def equivalence(mode: str, steps: int = 3):
 
 def equivalence_all(*modes):
     return {m: equivalence(m) for m in (modes or ("sampled", "exhaustive"))}
+
+
+def single_step(mode: str = "exhaustive"):
+    """A single-step task (toy_bandit:tiny) on the meshes, and each device's compiled FLOPs
+    on one device and on (data=8): its prompts must be split like an autoregressive task's."""
+    over = {"train.batch_size": 8, "logging.tensorboard": False, "group.mode": mode}
+    config = load_config("toy_bandit", "tiny", **over)
+    out = equivalence(mode, config=config)
+    task = task_lib.build_task(config, "train")
+    params0 = jax.tree.map(np.array, trainer.initial_params(config, task))
+    for data in (1, 8):
+        mesh = sharding.make_mesh(_mesh_cfg(data, 1))
+        step, inputs = task.build(params0, mesh)
+        run, state, inputs, _ = sharding.jit_step(step, mesh, task.make_state(params0), inputs)
+        cost = run.lower(state, inputs).compile().cost_analysis()
+        out[f"flops_per_device_data{data}"] = (cost[0] if isinstance(cost, list) else cost)["flops"]
+    return out
 
 
 def _losses(workdir):
@@ -166,5 +183,7 @@ def resume(source: str, tmp: str, mode: str = "exhaustive"):
 if __name__ == "__main__":
     what = sys.argv[1]
     args = sys.argv[2:]
-    result = {"equivalence": equivalence_all, "resume": resume}[what](*args)
+    result = {"equivalence": equivalence_all, "resume": resume, "single_step": single_step}[what](
+        *args
+    )
     print(json.dumps(result))

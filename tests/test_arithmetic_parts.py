@@ -47,7 +47,8 @@ def test_tokenizer_ids_and_round_trip():
     assert ids.dtype == np.int32
     assert TOK.decode(ids) == "47*8="
     assert TOK.decode([6, 0, 1, 9, 0]) == "47"
-    assert TOK.decode_completion([6, 0, 9, 1, 3, 1]) == "47"
+    assert TOK.decode_completion([6, 0, 9, 1, 3, 1]) == "4\ufffd7"  # a sampled PAD shows
+    assert TOK.decode_completion([0, 0, 6, 0]) == "\ufffd\ufffd4\ufffd"
     assert TOK.decode_completion([1, 6]) == ""
     assert TOK.decode_completion([13, 7]) == "-5"  # no EOS: everything
 
@@ -171,6 +172,8 @@ HAND_CASES = [
     (digits("1") + [MINUS, 3, E], 1, 0.0, 0.0),  # minus inside
     (digits("0") + [E, 9, 9], 0, 1.0, 1.0),  # garbage after EOS is ignored
     ([3, 12, 4, E], 3, 0.0, 0.0),  # "1+2"
+    ([4, P, 9, E], 27, 0.0, 0.0),  # a PAD the policy emitted is no invisible char
+    ([P, 4, 9, E], 27, 0.0, 0.0),  # nor a free first action
 ]
 
 

@@ -9,7 +9,7 @@ import pytest
 from _engine_config import engine_config
 from ml_collections import ConfigDict
 
-from grpo_jax import groups, rewards, scoring, single_step
+from grpo_jax import groups, metrics, rewards, scoring, single_step
 from grpo_jax.loss import make_loss
 from grpo_jax.model import Transformer, init_params
 from grpo_jax.policy import TokenPrompts, policy_reference, token_logits, transformer_policy
@@ -192,6 +192,21 @@ def test_an_unscored_continuation_is_left_out_of_its_actions_return():
     np.testing.assert_allclose(scored.advantages[0, ::n, 0], [-1 / 3, 2 / 3, -1 / 3], rtol=1e-6)
 
 
+def test_reward_term_means_are_discounted_like_the_reward():
+    """With reward.discount γ = 0.5 a member's return is its γ-weighted token mean, the term's
+    logged mean too (it was the plain mean, 0.25), so reward = Σ weight × rewards/<term>/mean."""
+    t, ones = 4, jnp.ones((1, 1, 4))
+    part = groups.Part(
+        None, jnp.zeros((1, 1, t), jnp.int32), ones, jnp.ones((1, 1)), ones * 0,
+        jnp.zeros((1, 0), jnp.int32), jnp.zeros((1, 0)), jnp.zeros((1, 1, t, 0)),
+        ones * 0, jnp.zeros((1, 1)), ones * 0, jnp.zeros((1, 0)), jnp.ones((1, 1)),
+    )  # fmt: skip
+    values = {"first": jnp.array([[[1.0, 0.0, 0.0, 0.0]]]), "first/valid": jnp.ones((1, 1))}
+    term = RewardTerm("first", 1.0, None, True)
+    out = metrics.reward_term_metrics((term,), (part,), [(values, None)], 0.5)
+    np.testing.assert_allclose(out["rewards/first/mean"], 1 / 1.875, rtol=1e-6)
+
+
 def test_a_reward_term_that_fails_is_named_in_one_line():
     def raises(prompts, completions, **_):
         raise KeyError("answer")
@@ -199,12 +214,34 @@ def test_a_reward_term_that_fails_is_named_in_one_line():
     def short(prompts, completions, **_):
         return [1.0]
 
-    for fn, text in ((raises, "raised KeyError"), (short, "returned 1 values for 4")):
+    def nested(**_):
+        return [1.0, [0.5], 0.0, 1.0]
+
+    def infinite(**_):
+        return [1.0, float("-inf"), 0.0, 1.0]
+
+    for fn, text in (
+        (raises, "raised KeyError"),
+        (short, "returned 1 values for 4"),
+        (nested, r"returned \[0.5\]; return one finite float"),
+        (infinite, "returned -inf; return one finite float"),
+    ):
         with pytest.raises(ValueError, match=f"reward term 'mine' {text}") as err:
             rewards.host_values(
                 (RewardTerm("mine", 1.0, fn, True),), (2, 2), [""] * 4, [""] * 4, {}
             )
         assert "\n" not in str(err.value)
+
+
+def test_a_python_terms_nan_and_none_are_unscored_and_numbers_of_any_type_count():
+    def term(**_):
+        return [None, float("nan"), np.float32(0.5), True]
+
+    values, valid = rewards.host_values(
+        (RewardTerm("mine", 1.0, term, True),), (2, 2), [""] * 4, [""] * 4, {}
+    )
+    np.testing.assert_array_equal(valid, [[[0, 0], [1, 1]]])
+    np.testing.assert_array_equal(values, [[[0, 0], [0.5, 1.0]]])
 
 
 def test_objective_spec_checks_each_setting_once():
@@ -219,3 +256,17 @@ def test_objective_spec_checks_each_setting_once():
         bad[field] = value
         with pytest.raises(ValueError, match=text):
             ObjectiveSpec.from_config(bad)
+
+
+def test_group_spec_checks_each_setting_once():
+    base = _config().group
+    for field, value, text in (
+        ("size", 1, "group.size=1 must be an integer >= 2"),
+        ("mode", "all", "group.mode='all' is unknown; choose from"),
+        ("top_p", 0.0, r"group.top_p=0.0 must be a finite number in \(0.0, 1.0\]"),
+        ("train_continuations", "False", "group.train_continuations='False' must be True or"),
+    ):
+        bad = ConfigDict(base.to_dict())
+        bad[field] = value
+        with pytest.raises(ValueError, match=text):
+            GroupSpec.from_config(bad)

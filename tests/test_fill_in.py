@@ -183,6 +183,15 @@ def test_corruption_names_are_validated_in_one_line(shakespeare_path, tmp_path):
     assert "\n" not in str(err.value)
 
 
+def test_refuses_splits_shorter_than_a_window(shakespeare_path, tmp_path):
+    small = tmp_path / "small.txt"
+    small.write_text(shakespeare_path.read_text()[:400])  # val: 40 chars
+    cfg = get_config()
+    cfg.data.path, cfg.data.window_len = str(small), 40
+    with pytest.raises(ValueError, match="val split has 40 chars, too few for windows of data"):
+        build_task(cfg, "eval")
+
+
 def test_refuses_data_without_mask_token(shakespeare_path, tmp_path):
     cfg = get_config()
     cfg.data.path = str(shakespeare_path)
@@ -277,6 +286,32 @@ def test_pretrain_logs_its_fill_accuracy(gen_dir):
     row = [r for r in read_metrics(gen_dir) if "loss" in r][-1]
     assert "train_fill_accuracy" in row and "train_accuracy" not in row
     assert 0.0 <= row["train_fill_accuracy"] <= 1.0 and np.isfinite(row["grad_norm"])
+
+
+def test_tokens_per_step_counts_every_member(shakespeare_path, judge_dir):
+    """tokens_per_s's numerator: prompts × members × the mean span (exhaustive groups have one
+    member per corpus char, 65 in tiny Shakespeare; it was counted as group.size)."""
+    cfg = fill_config(shakespeare_path, judge_dir)
+    b, mean_span = cfg.train.batch_size, (cfg.data.span_min + cfg.data.span_max) / 2
+    assert build_task(cfg, "train").tokens_per_step == int(b * cfg.group.size * mean_span)
+    cfg.group.mode = "exhaustive"
+    assert build_task(cfg, "train").tokens_per_step == int(b * 65 * mean_span)
+
+
+def test_judge_and_generator_of_another_vocabulary_are_refused(
+    shakespeare_path, judge_dir, gen_dir, tmp_path
+):
+    """A corpus of as many chars, '#' for '$': the same shapes, but every id after '$' means
+    another char, so the judge's verdicts (and the generator's fills) would be wrong."""
+    other = tmp_path / "other.txt"
+    other.write_text(shakespeare_path.read_text().replace("$", "#"))
+    cfg = fill_config(shakespeare_path, judge_dir)
+    cfg.data.path = str(other)
+    with pytest.raises(ValueError, match=r"judge.checkpoint=.*another vocabulary.*train_judge"):
+        build_task(cfg, "train")
+    cfg.judge.corruptions, cfg.judge.negatives_from = "generator", str(gen_dir)
+    with pytest.raises(ValueError, match=r"judge.negatives_from=.*another vocabulary"):
+        build_task(cfg, "train_judge")
 
 
 def test_lr_schedule_spans_every_update(shakespeare_path, judge_dir):

@@ -195,6 +195,17 @@ def test_sampler_matches_numpy_inverse_cdf_and_filters():
     assert nucleus == set(keep.tolist())
 
 
+def test_top_p_measures_the_top_k_tokens_renormalised_mass():
+    """top_k=2, top_p=0.5 on [.30, .25, .15, .15, .15]: the top two renormalise to [.55, .45],
+    so the nucleus is token 0 alone (HF's warpers, vLLM); on the raw mass it took 0 and 1."""
+    logits = jnp.log(jnp.array([[0.30, 0.25, 0.15, 0.15, 0.15]]))
+    sampled = {
+        int(ro.sample_from_logits(logits, jnp.array([u]), ro.SamplingParams(1.0, 2, 0.5))[0][0])
+        for u in np.linspace(0, 0.999, 50)
+    }
+    assert sampled == {0}
+
+
 def _rollout(m, p, ctx, forced, u, sp, chunk=0, stop=None):
     """policy.rollout from a prefilled batch of fixed-length prompts."""
     pol = transformer_policy(m, sp, u.shape[-1], stop)

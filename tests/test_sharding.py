@@ -112,6 +112,17 @@ def test_meshes_give_the_same_step(equivalence, mode):
         assert m["traces"] == 1 and m["cache_size"] == 1, (name, m)  # compiled once per mesh
 
 
+def test_a_single_step_task_is_split_over_the_mesh(env8):
+    """toy_bandit's exhaustive groups on the meshes take the single-device step, and on
+    (data=8) each device computes an eighth of the batch's work, not all of it (its build
+    ignored the mesh: every device ran the whole step)."""
+    res = json.loads(run_python([CHECK, "single_step"], env8).stdout.strip().splitlines()[-1])
+    for name, m in res["meshes"].items():
+        assert m["max_metric_diff"] < TOL and m["max_param_diff"] < TOL, (name, m)
+        assert m["traces"] == 1 and m["cache_size"] == 1, (name, m)
+    assert res["flops_per_device_data8"] < res["flops_per_device_data1"] / 4, res
+
+
 # --------------------------------------------------------------- seeds in parallel
 
 

@@ -29,11 +29,12 @@ from grpo_jax.model import init_params, make_model
 from grpo_jax.policy import TokenPrompts, policy_reference, sample, transformer_policy
 from grpo_jax.rewards import RewardTerm
 from grpo_jax.rollout import SamplingParams, Stop
-from grpo_jax.specs import EngineSpec, ModelSpec, OptimSpec, boolean, choice, integer, require
+from grpo_jax.specs import EngineSpec, ModelSpec, OptimSpec
 from grpo_jax.task import Task
 from grpo_jax.tasks import arithmetic_problems as problems
 from grpo_jax.tokenizer import CharTokenizer
 from grpo_jax.train_state import StepInputs, init_state, make_optimizer
+from grpo_jax.validate import boolean, choice, integer, require
 
 REWARD_TERMS = ("correct", "format")
 

@@ -177,11 +177,13 @@ def encode_answers(
 def decode_completions(tok: CharTokenizer, tokens, completion_mask) -> tuple[list[str], list[bool]]:
     """Host view of completions [..., T]: (texts before the first EOS, ended with EOS?).
 
-    Positions with completion_mask 0 count as PAD, exactly as in the token rewards.
+    Positions with completion_mask 0 are left out, exactly as in the token rewards; a PAD the
+    policy emitted reads as tokenizer.PAD_TEXT.
     """
-    ids = np.where(np.asarray(completion_mask) > 0, np.asarray(tokens), PAD_ID)
-    ids = ids.reshape(-1, ids.shape[-1])
-    return [tok.decode_completion(row) for row in ids], [bool((row == EOS_ID).any()) for row in ids]
+    tokens = np.asarray(tokens)
+    live = np.asarray(completion_mask).reshape(-1, tokens.shape[-1]) > 0
+    rows = [row[keep] for row, keep in zip(tokens.reshape(live.shape), live, strict=True)]
+    return [tok.decode_completion(r) for r in rows], [bool((r == EOS_ID).any()) for r in rows]
 
 
 def correctness_reward(prompts, completions, answer, **_) -> list[float | None]:
@@ -206,15 +208,18 @@ def _completion_chars(tokens, completion_mask):
 
     keep marks the chars before the first (unmasked) EOS, PADs and masked positions
     dropped; rank is each kept char's index in that text, so the comparison below is
-    the host's string comparison without a data-dependent gather.
+    the host's string comparison without a data-dependent gather. clean [...] is False where
+    a live PAD precedes the EOS: its text holds tokenizer.PAD_TEXT, neither correct nor
+    well formed.
     """
     tokens = jnp.asarray(tokens)
     live = jnp.asarray(completion_mask) > 0
     is_eos = live & (tokens == EOS_ID)
-    before_eos = jnp.cumsum(is_eos, axis=-1) == 0
-    keep = live & before_eos & (tokens != PAD_ID)
+    before_eos = live & (jnp.cumsum(is_eos, axis=-1) == 0)
+    keep = before_eos & (tokens != PAD_ID)
     rank = jnp.cumsum(keep, axis=-1) - 1
-    return keep, rank, jnp.any(is_eos, axis=-1)
+    clean = ~jnp.any(before_eos & (tokens == PAD_ID), axis=-1)
+    return keep, rank, jnp.any(is_eos, axis=-1), clean
 
 
 def correctness_tokens(tokens, completion_mask, answer_tokens, answer_mask) -> jax.Array:
@@ -225,7 +230,7 @@ def correctness_tokens(tokens, completion_mask, answer_tokens, answer_mask) -> j
     """
     tokens = jnp.asarray(tokens)
     answer_tokens = jnp.asarray(answer_tokens)
-    keep, rank, _ = _completion_chars(tokens, completion_mask)
+    keep, rank, _, clean = _completion_chars(tokens, completion_mask)
     is_char = (jnp.asarray(answer_mask) > 0) & (answer_tokens != EOS_ID) & (answer_tokens != PAD_ID)
     answer_len = jnp.sum(is_char, axis=-1)[:, None]
     # A rank past the answer's end can only come with too many chars, which the length
@@ -236,17 +241,17 @@ def correctness_tokens(tokens, completion_mask, answer_tokens, answer_mask) -> j
     )
     expected = jnp.take_along_axis(answer, index, axis=-1)
     same = jnp.all(~keep | (tokens == expected), axis=-1)
-    return (same & (jnp.sum(keep, axis=-1) == answer_len)).astype(jnp.float32)
+    return (same & clean & (jnp.sum(keep, axis=-1) == answer_len)).astype(jnp.float32)
 
 
 def format_tokens(tokens, completion_mask, tok: CharTokenizer) -> jax.Array:
     """[B, K] float32: 1 where the completion is -?[0-9]+ and ended with EOS."""
     tokens = jnp.asarray(tokens)
-    keep, rank, terminated = _completion_chars(tokens, completion_mask)
+    keep, rank, terminated, clean = _completion_chars(tokens, completion_mask)
     digit_ids = jnp.array([tok._ids[c] for c in "0123456789" if c in tok._ids], jnp.int32)
     is_digit = jnp.any(tokens[..., None] == digit_ids, axis=-1)
     # A tokenizer without "-" gets id -1, which no token has.
     is_minus = (tokens == tok._ids.get("-", -1)) & (rank == 0)
     well_formed = jnp.all(~keep | is_digit | is_minus, axis=-1)
     has_digit = jnp.any(keep & is_digit, axis=-1)
-    return (terminated & well_formed & has_digit).astype(jnp.float32)
+    return (terminated & clean & well_formed & has_digit).astype(jnp.float32)

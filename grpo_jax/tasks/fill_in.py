@@ -36,14 +36,15 @@ from absl import logging
 
 from grpo_jax import checkpoint as ckpt_lib
 from grpo_jax import data as data_lib
+from grpo_jax import groups, integrity, single_step
 from grpo_jax import judge as judge_lib
-from grpo_jax import single_step
 from grpo_jax.encoder import Encoder
 from grpo_jax.rewards import RewardTerm
-from grpo_jax.specs import EngineSpec, OptimSpec, integer, number, require
+from grpo_jax.specs import EngineSpec, OptimSpec
 from grpo_jax.task import Task
 from grpo_jax.tasks import fill_in_eval
 from grpo_jax.train_state import TrainState, init_state, make_optimizer, supervised_update
+from grpo_jax.validate import integer, number, require
 
 MODES = ("train", "eval", "train_judge", "pretrain")
 JUDGE_REWARDS = ("prob", "logit")
@@ -131,6 +132,7 @@ class Setup(NamedTuple):
 def load_setup(config) -> Setup:
     """The corpus (and its mask token, checked), the held-out windows and both models."""
     corpus = data_lib.load_corpus(config.data)
+    data_lib.check_splits(corpus.train, corpus.val, config.data.window_len, size="data.window_len")
     v = corpus.vocab.size
     mask_id = mask_token(config, corpus.vocab)
     vocab = data_lib.Vocab(corpus.vocab.chars + config.data.mask_char)
@@ -152,7 +154,7 @@ def build(config, mode: str = "train", workdir=None) -> Task:  # keeps nothing i
         return judge_task(config, s, kinds)
     # eval: judge metrics when one is given
     use_judge = mode == "train" or (mode == "eval" and bool(config.judge.checkpoint))
-    judge_params = judge_lib.load_judge(config, s.judge_model, s.v) if use_judge else None
+    judge_params = judge_lib.load_judge(config, s.judge_model, s.vocab) if use_judge else None
     evaluate = fill_in_eval.make_evaluate(
         config, s.generator, s.masked_input, s.judge_reward, judge_params, s.val_windows, s.vocab
     )
@@ -188,7 +190,7 @@ def judge_task(config, s: Setup, kinds) -> Task:
     gen_params, gen_fill = None, None
     if "generator" in kinds:  # negatives sampled by a frozen supervised generator
         template = init_fn(s.generator, length)(jax.random.PRNGKey(0))
-        gen_params = load_generator(j.negatives_from, template)
+        gen_params = load_generator(j.negatives_from, template, s.vocab)
         temp = float(j.negatives_temperature)
 
         def gen_fill(key, params, windows, span):
@@ -256,7 +258,7 @@ def grpo_task(config, espec: EngineSpec, s: Setup, judge_params, evaluate) -> Ta
     """--mode=train (and eval): GRPO on the generator, rewarded by the frozen judge
     (``judge_params``; None in eval without ``judge.checkpoint``)."""
     d, j, b = config.data, config.judge, config.train.batch_size
-    length = d.window_len
+    length, mean_span = d.window_len, (d.span_min + d.span_max) / 2
 
     def policy_logits(params, masked):
         return s.generator.apply({"params": params}, masked)  # [B, L, V]
@@ -275,15 +277,15 @@ def grpo_task(config, espec: EngineSpec, s: Setup, judge_params, evaluate) -> Ta
     optim = OptimSpec.from_config(config.optim)
     tx, schedule = make_optimizer(optim, config.train.num_steps, updates_per_step=mu)
 
-    def build_step(initial_params, mesh=None):  # single-device task: mesh is unused
+    def build_step(initial_params, mesh=None):
         logging.info("fill-in: judge from %s, reference = initial generator", j.checkpoint)
         fns = (policy_logits, s.v, d.span_max, sample_prompts, terms, tx, schedule)
-        return single_step.build(espec, *fns, initial_params, s.train_tokens, judge_params)
+        return single_step.build(espec, *fns, initial_params, s.train_tokens, judge_params, mesh)
 
     return make_task(
         config, s, tx,
         init_params=init_fn(s.generator, length), build=build_step, evaluate=evaluate,
-        tokens_per_step=int(b * config.group.size * (d.span_min + d.span_max) / 2),
+        tokens_per_step=int(b * groups.members_per_prompt(espec.group, s.v, b) * mean_span),
         num_steps=int(config.train.num_steps),
         log_keys=("loss", "reward", "kl", "eval/fill_accuracy"),
         heldout_key="eval/fill_accuracy",
@@ -359,10 +361,11 @@ def single_char_optimum(config, ref_params, judge_params, policies=(), num_windo
     }
 
 
-def load_generator(path: str, template):
-    """The frozen supervised generator whose samples are the judge's "generator" negatives."""
+def load_generator(path: str, template, vocab):
+    """The frozen supervised generator whose samples are the judge's "generator" negatives,
+    trained on ``vocab``."""
     try:
-        return ckpt_lib.load_params(path, template)
+        return ckpt_lib.load_params(path, template, integrity.run_identity(vocab))
     except ckpt_lib.CheckpointError as err:
         raise ValueError(
             f"judge.negatives_from={path!r}: {str(err).splitlines()[0]}; pass the workdir of a "

@@ -23,18 +23,10 @@ from grpo_jax import evaluate as eval_lib
 from grpo_jax.metric_writers import truncate_rows
 from grpo_jax.model import init_params, make_model
 from grpo_jax.policy import Reference, TokenPrompts, policy_reference, transformer_policy
-from grpo_jax.specs import (
-    EngineSpec,
-    ModelSpec,
-    OptimSpec,
-    boolean,
-    choice,
-    integer,
-    number,
-    require,
-)
+from grpo_jax.specs import EngineSpec, ModelSpec, OptimSpec
 from grpo_jax.task import Hooks, Task
 from grpo_jax.train_state import StepInputs, init_state, make_optimizer
+from grpo_jax.validate import boolean, choice, integer, number, require
 
 REFERENCE_KINDS = ("ngram", "policy", "none")
 TOKENIZERS = ("char", "bpe")

@@ -36,11 +36,12 @@ import numpy as np
 import optax
 from absl import logging
 
-from grpo_jax import objective, single_step
+from grpo_jax import groups, objective, single_step
 from grpo_jax.rewards import RewardTerm
-from grpo_jax.specs import EngineSpec, OptimSpec, choice, integer, number
+from grpo_jax.specs import EngineSpec, OptimSpec
 from grpo_jax.task import Task
 from grpo_jax.train_state import init_state, make_optimizer
+from grpo_jax.validate import choice, integer, number
 
 REWARDS = ("rm", "rlvr")
 
@@ -267,7 +268,7 @@ def build(config, mode: str = "train", workdir=None) -> Task:  # keeps nothing i
     optim = OptimSpec.from_config(config.optim)
     tx, schedule = make_optimizer(optim, config.train.num_steps, updates_per_step=mu)
 
-    def build(initial_params, mesh=None):  # single-device task: mesh is unused
+    def build(initial_params, mesh=None):
         rm_params = None
         if t.reward == "rm":
             rm_params, pair_acc = train_reward_model(
@@ -275,16 +276,14 @@ def build(config, mode: str = "train", workdir=None) -> Task:  # keeps nothing i
             )
             logging.info("toy bandit: reward model pairwise accuracy %.4f", pair_acc)
         fns = (policy_logits, t.vocab_size, 1, sample_prompts, terms, tx, schedule)
-        return single_step.build(espec, *fns, initial_params, None, rm_params)
+        return single_step.build(espec, *fns, initial_params, None, rm_params, mesh)
 
     return Task(
         init_params=init_params,
         make_state=lambda params: init_state(params, tx, config.seed),
         build=build,
         evaluate=evaluate,
-        tokens_per_step=int(
-            b * (t.vocab_size if espec.group.mode == "exhaustive" else espec.group.size)
-        ),
+        tokens_per_step=int(b * groups.members_per_prompt(espec.group, t.vocab_size, b)),
         num_steps=int(config.train.num_steps),
         vocab=None,
         log_keys=("loss", "reward", "kl", "eval/true_reward"),
