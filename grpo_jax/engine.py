@@ -102,8 +102,7 @@ def make_grpo_step(
     schedule,
     eos_id: int | None = None,
     decode: Callable | None = None,
-    member_map=None,
-    shard_batch=None,
+    hooks=None,
     reward_discount: float = 1.0,
     per_token_advantages: bool = False,
     token_classes=None,
@@ -115,6 +114,7 @@ def make_grpo_step(
     reward_terms: rewards.RewardTerm s (jittable on token arrays, or Python on strings);
     decode(prompts, tokens, mask) -> (prompt texts, completion texts, fields): the host
     side of Python rewards (numpy in, lists out), needed only when one is configured;
+    hooks: a mesh's sharding.StepHooks (sharding.step_hooks(mesh); None on one device);
     token_classes: [V] class ids for group.mode=hierarchical (candidates.task_classes);
     completion_fields: prompt fields aligned with the completion (shifted at later decision
     points, group.decision_points > 1; groups.branch_prompts)."""
@@ -127,10 +127,11 @@ def make_grpo_step(
     # reward term that reads it
     needs = set() if obj.kl_estimator in objective.EXACT_KL else {"token"}
     needs |= {"dist"} if any(t.reads_reference for t in device_terms) else set()
+    member_map, shard_batch, member_sum = hooks or (None, None, None)
     collect = groups.make_collect(
         g, policy, reference, member_map, token_classes, completion_fields, frozenset(needs)
     )
-    loss_fn = make_loss(obj, g, policy, reference)
+    loss_fn = make_loss(obj, g, policy, reference, member_sum)
     host_terms = tuple(t for t in reward_terms if t.host)
     if host_terms and decode is None:
         raise ValueError("a Python reward term needs the task's decode function")

@@ -129,10 +129,18 @@ def accumulated(fn, chunk: int, diff, *member_args):
     return j, jax.lax.stop_gradient(aux)
 
 
-def make_loss(spec: ObjectiveSpec, group: GroupSpec, policy: Policy, reference: Reference | None):
+def make_loss(
+    spec: ObjectiveSpec,
+    group: GroupSpec,
+    policy: Policy,
+    reference: Reference | None,
+    member_sum=None,
+):
     """Returns loss_fn(params, parts, old_logps, first_iter, forced_flags, ref_state=None) ->
     (loss, (metrics, logps)); ``ref_state`` is the reference's (read by the exact KL
-    estimators, which run the reference inside the loss)."""
+    estimators, which run the reference inside the loss). ``member_sum(fn, diff, *args)``
+    (sharding.make_member_sum) splits the members' training forward over the mesh."""
+    member_sum = member_sum or (lambda fn, diff, *args: fn(diff, *args))
     gr, sp = spec, group.sampling
     has_reference = reference is not None
     # the decision point's KL is exact over V whatever the estimator; its direction follows it
@@ -145,6 +153,9 @@ def make_loss(spec: ObjectiveSpec, group: GroupSpec, policy: Policy, reference: 
     # the training forward's chunk is its own: its [B, c, T, V] logits outgrow the rollout's
     # [B*c, V] per decode step by a factor T, so a large V wants a smaller chunk here
     loss_chunk = group.loss_chunk or group.vocab_chunk
+
+    def in_chunks(fn):
+        return lambda diff, *args: accumulated(fn, loss_chunk, diff, *args)
 
     def agg(x, mask):
         """objective.aggregate over the rows (members) and tokens that exist."""
@@ -234,7 +245,7 @@ def make_loss(spec: ObjectiveSpec, group: GroupSpec, policy: Policy, reference: 
             return objective_terms(pg, kl, ent), ((pg, clip + shown), logp)
 
         args = (part.tokens, old_logp, part.advantages, w, wm, ref_tok, part.ref_logp)
-        j, (sums, logp) = accumulated(chunk, loss_chunk, (params, first, state), *args)
+        j, (sums, logp) = member_sum(in_chunks(chunk), (params, first, state), *args)
         pg, shown = jax.tree.map(jnp.sum, sums)
         m = dict(zip((*CLIP_METRICS, "kl", "entropy"), shown, strict=True))
         return j, pg, jnp.sum(part.member_mask.max(1)), m, logp
@@ -271,9 +282,8 @@ def make_loss(spec: ObjectiveSpec, group: GroupSpec, policy: Policy, reference: 
             ent = wsum(entropy(lp), w_c)
             return objective_terms(pg, kl, ent, (t - 1) / t), ((pg, kl, ent), logp)
 
-        j, (sums, logp) = accumulated(
-            chunk,
-            loss_chunk,
+        j, (sums, logp) = member_sum(
+            in_chunks(chunk),
             (params, state),
             part.tokens[..., :t],
             old_logp[..., 1:t],

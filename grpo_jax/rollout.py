@@ -177,10 +177,13 @@ def decode_members(model: Transformer, params, prefix: Prefix, first_tokens, u, 
 
 
 def member_chunks(k: int, chunk: int):
-    """(split, merge) for ``chunk``-member slices of a K-member axis (axis 1): ``split`` pads
-    K up to a multiple of the chunk and stacks the slices on a new leading axis, ``merge``
-    undoes it on a loop's stacked outputs."""
+    """(split, merge) for slices of at most ``chunk`` members of a K-member axis (axis 1):
+    ``split`` pads K up to a multiple of the slice and stacks the slices on a new leading
+    axis, ``merge`` undoes it on a loop's stacked outputs. The slices are as even as their
+    number allows (K = 17, chunk 13: two slices of 9, not 13 and 4 padded to 13), so padding
+    costs under one member per slice."""
     n = -(-k // chunk)
+    chunk = -(-k // n)
     pad = n * chunk - k
 
     def split(x):

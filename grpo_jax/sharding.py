@@ -10,17 +10,21 @@ runs unchanged on a mesh ``("data", "member")`` built from ``config.mesh``:
   uniforms ``u [B, K, H]``: all V forced first actions, a guide's candidates, or G sampled
   members) are split over it by ``jax.shard_map`` around the rollout, the expensive part.
   K is padded to a multiple of the axis size with dummy members whose outputs are dropped
-  before anything uses them, so any V (65 is prime to 2, 4, 8) works.
+  before anything uses them, so any V (65 is prime to 2, 4, 8) works. The loss's member
+  loop (the members' training forward and backward) runs in a second shard_map over it
+  (``make_member_sum``): GSPMD alone kept that loop whole on every member device. Its one
+  hand-written reduction sums the devices' shares of the loss over ``member``; the params'
+  gradient, whole along ``member``, is summed by shard_map's own transpose.
 * parameters and optimizer state are replicated (default) or, with ``mesh.shard_params``,
   sharded FSDP-style over ``data`` (each >= 2-D leaf along its largest divisible axis).
 
-Everything outside the rollout's shard_map (prefill, rewards, the group statistics over K
-such as advantages, the all-action baseline, the exact KL and entropy at the decision point,
-the loss, the gradients and the optimizer update) stays one ``jit`` program with sharding
-annotations, partitioned by XLA (GSPMD/Shardy). It inserts the cross-device reductions
-(the all-reduce of the gradients over ``data``, the reductions over K across ``member``)
-itself, so the same program computes the same numbers on every mesh, up to float summation
-order (the tests check 1e-5). No hand-written psum/pmean is needed, and none is used.
+Everything else (prefill, rewards, the group statistics over K such as advantages, the
+all-action baseline, the exact KL and entropy at the decision point, the gradients and the
+optimizer update) stays one ``jit`` program with sharding annotations, partitioned by XLA
+(GSPMD/Shardy). It inserts the other cross-device reductions (the all-reduce of the
+gradients over ``data``, the reductions over K across ``member``) itself, so the same
+program computes the same numbers on every mesh, up to float summation order (the tests
+check 1e-5).
 
 Randomness does not depend on the mesh: every uniform is drawn once per (prompt, member,
 step) from the step key with the partitionable threefry PRNG (``jax_threefry_partitionable``,
@@ -226,22 +230,64 @@ def make_member_map(mesh: Mesh):
     return member_map
 
 
+def make_member_sum(mesh: Mesh):
+    """``member_sum(fn, diff, *member_args)`` for the loss's member loop (loss.accumulated):
+    runs ``fn(diff, *member_slices) -> (j, aux)`` on each device's slice of the members
+    (axis 1 of every member arg) with ``jax.shard_map`` over ``member``, and returns (Σ j over
+    every device, aux [B, K, ...] whole). Without it GSPMD kept the loss's member loop whole
+    on every member device: the update's training forward and backward ran once per device
+    instead of being split.
+
+    ``diff`` (the params and the prompt state, what the loss differentiates) is whole along
+    ``member``; its gradient is the sum of the devices'. K is padded with zero members, whose
+    zero aggregation weights add nothing to j or its gradient; their aux is sliced off."""
+    nv = mesh.shape["member"]
+
+    def local(fn):
+        def run(diff, *slices):
+            j, aux = fn(diff, *slices)
+            return jax.lax.psum(j, "member"), aux
+
+        return run
+
+    def member_sum(fn, diff, *member_args):
+        k = member_args[0].shape[1]
+        pad = -k % nv
+        if pad:
+            member_args = tuple(
+                jnp.pad(a, [(0, 0), (0, pad)] + [(0, 0)] * (a.ndim - 2)) for a in member_args
+            )
+        j, aux = jax.shard_map(
+            local(fn),
+            mesh=mesh,
+            in_specs=(P(), *(P(None, "member") for _ in member_args)),
+            out_specs=(P(), P(None, "member")),
+            axis_names=frozenset({"member"}),
+            check_vma=False,  # the chunk loop's scan carries start device-invariant (as above)
+        )(diff, *member_args)
+        return j, jax.tree.map(lambda x: x[:, :k], aux) if pad else aux
+
+    return member_sum
+
+
 class StepHooks(NamedTuple):
     """What task.build threads into the step for a mesh (all None without one)."""
 
-    member_map: Any  # for groups.make_collect
+    member_map: Any  # the rollout's members over ``member`` (groups.make_collect)
     shard_batch: Any  # tree -> tree with the prompt axis constrained to P("data")
+    member_sum: Any  # the loss's member loop over ``member`` (loss.make_loss)
 
 
 def step_hooks(mesh: Mesh | None) -> StepHooks:
     if mesh is None:
-        return StepHooks(None, None)
+        return StepHooks(None, None, None)
     bs = batch_sharding(mesh)
 
     def shard_batch(tree):
         return jax.tree.map(lambda x: jax.lax.with_sharding_constraint(x, bs), tree)
 
-    return StepHooks(make_member_map(mesh), shard_batch)
+    member_sum = make_member_sum(mesh) if mesh.shape["member"] > 1 else None
+    return StepHooks(make_member_map(mesh), shard_batch, member_sum)
 
 
 def jit_step(step, mesh: Mesh, state, inputs, shard_params: bool = False, wrap=None):

@@ -60,7 +60,6 @@ def build(
     trainer donates the state, whose params start as these very buffers."""
     policy = single_step_policy(logits_fn, vocab_size, max_span, espec.group.sampling)
     use_ref = espec.objective.beta > 0
-    hooks = sharding.step_hooks(mesh)
     step = engine.make_grpo_step(
         espec,
         policy,
@@ -69,8 +68,7 @@ def build(
         reward_terms,
         tx,
         schedule,
-        member_map=hooks.member_map,
-        shard_batch=hooks.shard_batch,
+        hooks=sharding.step_hooks(mesh),
     )
     ref_state = jax.tree.map(jnp.copy, initial_params) if use_ref else None
     return step, StepInputs(data, ref_state, reward_state)

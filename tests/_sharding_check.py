@@ -132,20 +132,30 @@ def equivalence_all(*modes):
     return {m: equivalence(m) for m in (modes or ("sampled", "exhaustive"))}
 
 
-def single_step(mode: str = "exhaustive"):
-    """A single-step task (toy_bandit:tiny) on the meshes, and each device's compiled FLOPs
-    on one device and on (data=8): its prompts must be split like an autoregressive task's."""
-    over = {"train.batch_size": 8, "logging.tensorboard": False, "group.mode": mode}
-    config = load_config("toy_bandit", "tiny", **over)
-    out = equivalence(mode, config=config)
+def work_per_device(config):
+    """Each device's compiled FLOPs for one step on one device, (data=8) and (member=8)."""
     task = task_lib.build_task(config, "train")
     params0 = jax.tree.map(np.array, trainer.initial_params(config, task))
-    for data in (1, 8):
-        mesh = sharding.make_mesh(_mesh_cfg(data, 1))
+    out = {}
+    for data, member in ((1, 1), (8, 1), (1, 8)):
+        mesh = sharding.make_mesh(_mesh_cfg(data, member))
         step, inputs = task.build(params0, mesh)
         run, state, inputs, _ = sharding.jit_step(step, mesh, task.make_state(params0), inputs)
         cost = run.lower(state, inputs).compile().cost_analysis()
-        out[f"flops_per_device_data{data}"] = (cost[0] if isinstance(cost, list) else cost)["flops"]
+        out[f"{data}x{member}"] = (cost[0] if isinstance(cost, list) else cost)["flops"]
+    return out
+
+
+def split_work():
+    """A single-step task (toy_bandit:tiny, exhaustive) on the meshes, and the compiled work
+    per device of it and of shakespeare:tiny's exhaustive step (its members' training forward
+    in one piece, group.loss_chunk = vocab_chunk = 0, so a loop body is the whole work)."""
+    over = {"train.batch_size": 8, "logging.tensorboard": False, "group.mode": "exhaustive"}
+    bandit = load_config("toy_bandit", "tiny", **over)
+    out = {"toy_bandit": equivalence("exhaustive", config=bandit)}
+    out["toy_bandit"]["flops"] = work_per_device(bandit)
+    whole = tiny_config("exhaustive", **{"group.loss_chunk": 0, "group.vocab_chunk": 0})
+    out["shakespeare"] = {"flops": work_per_device(whole)}
     return out
 
 
@@ -183,7 +193,7 @@ def resume(source: str, tmp: str, mode: str = "exhaustive"):
 if __name__ == "__main__":
     what = sys.argv[1]
     args = sys.argv[2:]
-    result = {"equivalence": equivalence_all, "resume": resume, "single_step": single_step}[what](
+    result = {"equivalence": equivalence_all, "resume": resume, "split_work": split_work}[what](
         *args
     )
     print(json.dumps(result))

@@ -112,15 +112,27 @@ def test_meshes_give_the_same_step(equivalence, mode):
         assert m["traces"] == 1 and m["cache_size"] == 1, (name, m)  # compiled once per mesh
 
 
-def test_a_single_step_task_is_split_over_the_mesh(env8):
-    """toy_bandit's exhaustive groups on the meshes take the single-device step, and on
-    (data=8) each device computes an eighth of the batch's work, not all of it (its build
-    ignored the mesh: every device ran the whole step)."""
-    res = json.loads(run_python([CHECK, "single_step"], env8).stdout.strip().splitlines()[-1])
-    for name, m in res["meshes"].items():
+@pytest.fixture(scope="module")
+def split_work(env8):
+    return json.loads(run_python([CHECK, "split_work"], env8).stdout.strip().splitlines()[-1])
+
+
+def test_a_single_step_task_takes_the_same_step_on_every_mesh(split_work):
+    for name, m in split_work["toy_bandit"]["meshes"].items():
         assert m["max_metric_diff"] < TOL and m["max_param_diff"] < TOL, (name, m)
         assert m["traces"] == 1 and m["cache_size"] == 1, (name, m)
-    assert res["flops_per_device_data8"] < res["flops_per_device_data1"] / 4, res
+
+
+@pytest.mark.parametrize("task, meshes", [("toy_bandit", ["8x1"]), ("shakespeare", ["8x1", "1x8"])])
+def test_the_mesh_splits_the_steps_work(split_work, task, meshes):
+    """On (data=8), and for the autoregressive step on (member=8), each device computes under
+    a quarter of the one-device step. Before: toy_bandit's build ignored the mesh (every
+    device ran the whole step), and on (member=8) GSPMD kept the loss's member loop whole, so
+    the update's training forward and backward ran in full on every device
+    (sharding.make_member_sum). (toy_bandit's members share one forward per prompt, which
+    the member axis does not split.)"""
+    flops = split_work[task]["flops"]
+    assert all(flops[mesh] < flops["1x1"] / 4 for mesh in meshes), flops
 
 
 # --------------------------------------------------------------- seeds in parallel

@@ -226,11 +226,10 @@ def make_build_step(config, espec, tok, policy_for, opt, train: Data, b: int, cl
             return step, StepInputs(train, None)
         policy = policy_for(espec.group.sampling)
         use_ref = espec.objective.beta > 0
-        hooks = sharding.step_hooks(mesh)
         step = engine.make_grpo_step(
             espec, policy, policy_reference(policy) if use_ref else None, sample_prompts,
             reward_terms(config, tok), tx, schedule, eos_id=tok.eos_id, decode=make_decode(tok),
-            member_map=hooks.member_map, shard_batch=hooks.shard_batch, token_classes=classes,
+            hooks=sharding.step_hooks(mesh), token_classes=classes,
         )  # fmt: skip
         ref_state = jax.tree.map(jnp.copy, initial_params) if use_ref else None
         return step, StepInputs(train, ref_state)

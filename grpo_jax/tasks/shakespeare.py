@@ -230,7 +230,6 @@ def build(config, mode: str = "train", workdir=None) -> Task:
         ref, ref_state = make_reference(
             config.reference.kind, config.reference, corpus, policy, initial_params
         )
-        hooks = sharding.step_hooks(mesh)  # members over the member axis, prompts over data
         step = engine.make_grpo_step(
             espec,
             policy,
@@ -239,8 +238,7 @@ def build(config, mode: str = "train", workdir=None) -> Task:
             rewards.char_terms(config.reward),
             tx,
             schedule,
-            member_map=hooks.member_map,
-            shard_batch=hooks.shard_batch,
+            hooks=sharding.step_hooks(mesh),  # members over the member axis, prompts over data
             reward_discount=float(config.reward.get("discount", 1.0)),
             per_token_advantages=bool(config.reward.per_token),
             token_classes=classes,
