@@ -210,10 +210,7 @@ def make_member_map(mesh: Mesh):
 
     def member_map(fn, first_tokens, u):
         k = first_tokens.shape[1]
-        pad = -k % nv
-        if pad:
-            first_tokens = jnp.pad(first_tokens, ((0, 0), (0, pad)))
-            u = jnp.pad(u, ((0, 0), (0, pad), (0, 0)))
+        first_tokens, u = _pad_members(nv, first_tokens, u)
         out = jax.shard_map(
             fn,
             mesh=mesh,
@@ -225,9 +222,15 @@ def make_member_map(mesh: Mesh):
             # are per-member, exactly what out_specs says, so the check adds nothing here.
             check_vma=False,
         )(first_tokens, u)
-        return jax.tree.map(lambda x: x[:, :k], out) if pad else out
+        return jax.tree.map(lambda x: x[:, :k], out)
 
     return member_map
+
+
+def _pad_members(nv: int, *member_args):
+    """The arrays' member axis (1) zero-padded to a multiple of ``nv``."""
+    pad = -member_args[0].shape[1] % nv
+    return tuple(jnp.pad(a, [(0, 0), (0, pad)] + [(0, 0)] * (a.ndim - 2)) for a in member_args)
 
 
 def make_member_sum(mesh: Mesh):
@@ -252,11 +255,7 @@ def make_member_sum(mesh: Mesh):
 
     def member_sum(fn, diff, *member_args):
         k = member_args[0].shape[1]
-        pad = -k % nv
-        if pad:
-            member_args = tuple(
-                jnp.pad(a, [(0, 0), (0, pad)] + [(0, 0)] * (a.ndim - 2)) for a in member_args
-            )
+        member_args = _pad_members(nv, *member_args)
         j, aux = jax.shard_map(
             local(fn),
             mesh=mesh,
@@ -265,7 +264,7 @@ def make_member_sum(mesh: Mesh):
             axis_names=frozenset({"member"}),
             check_vma=False,  # the chunk loop's scan carries start device-invariant (as above)
         )(diff, *member_args)
-        return j, jax.tree.map(lambda x: x[:, :k], aux) if pad else aux
+        return j, jax.tree.map(lambda x: x[:, :k], aux)
 
     return member_sum
 
