@@ -125,16 +125,23 @@ def check_batch(batch_size: int, mesh: Mesh, what: str = "train.batch_size") -> 
         )
 
 
-def check_group_mode(group_mode: str, mesh: Mesh) -> None:
+def check_group_mode(group_mode: str, mesh: Mesh, batch_size: int) -> None:
     """Refuse what is known not to be mesh-independent yet, instead of silently differing.
 
-    Adaptive groups gather a data-sharded sub-batch of prompts for their exhaustive part;
-    on a mesh with both axes > 1 that run diverges from a single device after a few steps
-    (tests/_sharding_check.py equivalence adaptive). Data-only and member-only meshes match."""
-    if group_mode == "adaptive" and mesh.shape["data"] > 1 and mesh.shape["member"] > 1:
+    Adaptive groups gather a sub-batch of ceil(B / 4) prompts for their exhaustive part. On
+    a mesh with both axes > 1 a sub-batch that ``data`` does not divide (B = 4 or 12 on
+    (data=2, member=2), B = 8 on (data=4, member=2)) gives other results than one device
+    (the member shard_map over an unevenly split prompt axis); one that it divides matches
+    (tests/_sharding_check.py equivalence adaptive, B = 8 on (data=2, member=4)), as do
+    data-only and member-only meshes."""
+    data, member = mesh.shape["data"], mesh.shape["member"]
+    budget = max(1, math.ceil(batch_size / 4))  # groups.adaptive_budget
+    if group_mode == "adaptive" and data > 1 and member > 1 and budget % data:
         raise ValueError(
-            f"group.mode=adaptive is not supported on {describe(mesh)} yet (results would "
-            "depend on the mesh); use --config.mesh.member=1 or --config.mesh.data=1"
+            f"group.mode=adaptive on {describe(mesh)} needs its ceil(train.batch_size / 4) = "
+            f"{budget} exhaustive prompts divisible by mesh.data={data} (results would depend "
+            f"on the mesh): use a train.batch_size in {4 * data}, {8 * data}, ..., or "
+            "--config.mesh.member=1 or --config.mesh.data=1"
         )
 
 
