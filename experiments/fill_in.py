@@ -50,7 +50,7 @@ from fill_in_report import (
 )
 
 from grpo_jax import checkpoint as ckpt_lib
-from grpo_jax import config_blocks, trainer
+from grpo_jax import config_blocks, integrity, trainer
 from grpo_jax import data as data_lib
 from grpo_jax import judge as judge_lib
 from grpo_jax.metric_writers import read_metrics
@@ -118,11 +118,13 @@ def optimum_diagnostic(gen: Path, judge: Path, policies, num_windows=2048, confi
     """fill_in.single_char_optimum with the committed config, the GRPO judge and policies."""
     cfg = load_config(config=config)
     cfg.judge.checkpoint = str(judge)
-    v, length = data_lib.load_corpus(cfg.data).vocab.size, cfg.data.window_len
-    judge_params = judge_lib.load_judge(cfg, judge_lib.make_judge_model(cfg.judge, v, length), v)
+    chars, length = data_lib.load_corpus(cfg.data).vocab.chars, cfg.data.window_len
+    v, vocab = len(chars), data_lib.Vocab(chars + cfg.data.mask_char)  # as fill_in.load_setup
+    judge = judge_lib.make_judge_model(cfg.judge, v, length)
+    judge_params = judge_lib.load_judge(cfg, judge, vocab)
     zeros = jnp.zeros((1, length), jnp.int32)
     template = fill_in.make_generator(cfg, v).init(jax.random.PRNGKey(0), zeros)["params"]
-    load = lambda path: ckpt_lib.load_params(str(path), template)
+    load = lambda path: ckpt_lib.load_params(str(path), template, integrity.run_identity(vocab))
     pols = [load(p) for p in policies]
     return fill_in.single_char_optimum(cfg, load(gen), judge_params, pols, num_windows)
 

@@ -237,9 +237,9 @@ def _host_score(name: str, x) -> float | None:
     one line naming the term."""
     if x is None:
         return None
-    try:
+    try:  # float("42") would read a string as a score
         score = float(x)
-        ok = not math.isinf(score)
+        ok = not math.isinf(score) and not isinstance(x, str | bytes)
     except (TypeError, ValueError):
         ok = False
     if not ok:

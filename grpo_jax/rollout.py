@@ -198,9 +198,10 @@ def member_chunks(k: int, chunk: int):
 
 
 def chunked(fn, chunk: int, *member_args):
-    """Apply ``fn`` to member-axis (axis 1) slices of ``chunk`` members with ``lax.map``.
+    """Apply ``fn`` to member-axis (axis 1) slices of at most ``chunk`` members with
+    ``lax.map``, as even as their number allows (member_chunks).
 
-    Bounds peak memory by the chunk instead of the group; pads K up to a multiple of chunk."""
+    Bounds peak memory by the chunk instead of the group."""
     k = member_args[0].shape[1]
     if chunk <= 0 or chunk >= k:
         return fn(*member_args)

@@ -220,11 +220,15 @@ def test_a_reward_term_that_fails_is_named_in_one_line():
     def infinite(**_):
         return [1.0, float("-inf"), 0.0, 1.0]
 
+    def string(**_):
+        return [1.0, "42", 0.0, 1.0]
+
     for fn, text in (
         (raises, "raised KeyError"),
         (short, "returned 1 values for 4"),
         (nested, r"returned \[0.5\]; return one finite float"),
         (infinite, "returned -inf; return one finite float"),
+        (string, "returned '42'; return one finite float"),
     ):
         with pytest.raises(ValueError, match=f"reward term 'mine' {text}") as err:
             rewards.host_values(

@@ -133,7 +133,7 @@ def get_config(arg=None):
     c.eval.num_samples = 3  # masked / filled / original triples written to samples.txt
     c.eval.seed = 0  # seed of the held-out spans (fixed, whatever the training seed)
 
-    c.mesh = blocks.mesh_block()  # this task runs on one device
+    c.mesh = blocks.mesh_block()  # GRPO's prompts over data, members over member
     c.logging = blocks.logging_block(tensorboard=True)
     # warn when kl (per masked char) > 0.5 or the group reward std stays < 0.05 (20 logged steps)
     c.diagnostics = blocks.diagnostics_block(kl_bound=0.5, reward_std_low=0.05)

@@ -94,7 +94,7 @@ def get_config(arg=None):
     c.eval = config_dict.ConfigDict()
     c.eval.pass_k = (1, 4)  # k values for eval/pass_at_k (best token among k samples, exact)
 
-    c.mesh = blocks.mesh_block()  # the toy runs on one device
+    c.mesh = blocks.mesh_block()  # prompts over data, members over member, as every task's
     c.logging = blocks.logging_block(tensorboard=False)
     # warn when kl > 1.5 (the optimum is far from SFT here) or the reward std stays < 0.3
     c.diagnostics = blocks.diagnostics_block(kl_bound=1.5, reward_std_low=0.3)
