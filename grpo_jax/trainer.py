@@ -136,7 +136,7 @@ def _check_run(config, workdir, mode):
     if mode == "train":
         sharding.check_batch(tc.batch_size, mesh)
         if "mode" in config.get("group", {}):
-            sharding.check_group_mode(config.group.mode, mesh, tc.batch_size)
+            sharding.check_group_mode(config.group.mode, mesh)
     workdir = run_config.check_workdir(workdir)
     target = _warm_up_dir(config, workdir) if mode == "train" else None
     resolved = config if target is None else _with_init_from(config, _as_recorded(workdir, target))
