@@ -7,7 +7,8 @@ record and at every rendering (so a table always follows the code, not a stored 
 
 The test of a difference. Seed i starts from the same initial parameters and rng seed in every
 mode, and one evaluation scores every mode, so the modes' results are paired by seed and
-correlated (the committed runs' cross-seed correlations range from -0.99 to +1.00). Treating
+may be correlated, positively or negatively (a one-off check of the committed runs found
+both signs; no committed command computes it). Treating
 them as independent, SE = sqrt(SE_a² + SE_ref²), over- or understates the noise depending on
 the sign of that correlation. The paired test uses the per-seed differences d_i = a_i − ref_i:
 SE_Δ = std(d, ddof=1) / √n and t = mean(d) / SE_Δ. With 3 seeds SE_Δ is itself estimated from 3

@@ -101,7 +101,7 @@ import equal_steps
 import jax
 from absl import app, flags, logging
 from comparison_report import summarize, write_markdown, write_plots
-from equal_compute_report import render_budget
+from equal_compute_report import budget_summary, render_budget
 from ml_collections import config_dict, config_flags
 
 from grpo_jax import config_blocks
@@ -181,11 +181,16 @@ def main(argv):
 
 
 def report_only(out_dir: Path) -> str:
-    """Re-renders <name>.md and the PNGs from <name>.json (either kind of run)."""
+    """Re-renders <name>.md and the PNGs from <name>.json (either kind of run); an
+    equal-compute run's stored summary is recomputed with today's statistics too."""
     path = out_dir / f"{FLAGS.name}.json"
     raw = json.loads(path.read_text())
+    stored = json.dumps(raw, indent=1, default=str)
     if FLAGS.note:  # a new note replaces the stored one; without one the stored note stays
         raw["note"] = FLAGS.note
+    if "budget" in raw:
+        raw["summary"] = budget_summary(raw["runs"], raw["metrics"], raw["reference_mode"])
+    if json.dumps(raw, indent=1, default=str) != stored:
         path.write_text(json.dumps(raw, indent=1, default=str))
     if "budget" in raw:
         return render_budget(raw, out_dir, FLAGS.name)

@@ -113,8 +113,10 @@ def executed_dots(jaxpr, times: int = 1, uncounted: list | None = None):
         if name == "dot_general":
             yield eqn, times
         elif name in CUDNN_ATTENTION or name == "pallas_call":
-            kernel = cudnn_attention_dots if name in CUDNN_ATTENTION else pallas_dots
-            dots, why = kernel(eqn, uncounted)
+            if name in CUDNN_ATTENTION:
+                dots, why = cudnn_attention_dots(eqn)
+            else:
+                dots, why = pallas_dots(eqn, uncounted)
             if why is not None:
                 _uncounted(eqn, times, why, uncounted)
             yield from ((dot, times * n) for dot, n in dots)
@@ -145,7 +147,7 @@ def merged_uncounted(entries: list) -> list:
     return list(out.values())
 
 
-def cudnn_attention_dots(eqn, uncounted=None):
+def cudnn_attention_dots(eqn):
     """(the dot_generals one cuDNN fused-attention equation runs, each once; None) or ([],
     why not). The operands are q [B, T, N, H], keys [B, S, N or fewer, H], values [B, S, .,
     Hv] (``layout`` 0; 1 is BNTH), so with the model's mask as a bias (mask_type NO_MASK)

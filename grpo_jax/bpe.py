@@ -158,5 +158,5 @@ def load_corpus(data_config, workdir: Path | None = None) -> data_lib.Corpus:
     alphabet = "".join(sorted(set(text)))
     tokenizer = for_workdir(workdir, text[:split], int(data_config.vocab_size), alphabet)
     train_ids, val_ids = tokenizer.encode(text[:split]), tokenizer.encode(text[split:])
-    data_lib.check_splits(train_ids, val_ids, data_lib.window_len(data_config), "tokens")
+    data_lib.check_splits(train_ids, val_ids, data_config, "tokens")
     return data_lib.Corpus(tokenizer, train_ids, val_ids, sha256)

@@ -245,15 +245,12 @@ class Checkpointer:
             "damaged step folders aside to start afresh"
         )
 
-    def _integrity(self, step: int, where: str) -> dict:
-        return _integrity_record(self._manager, self.directory, step, where)
-
     def _restore_step(self, state_template: Any, step: int) -> Any:
         where = self._where(step)
         _check_compatible(
             _flat(_saved_tree(self._manager, step, where)), _flat(state_template), where
         )
-        record = self._integrity(step, where)
+        record = _integrity_record(self._manager, step, where)
         mismatch = integrity.identity_mismatch(step, record.get("identity", {}), self.identity)
         if mismatch:
             raise CheckpointError(mismatch)  # every step shares it: no fallback
@@ -312,9 +309,9 @@ def load_params(
         raise CheckpointError(f"{err}; {_FIX}") from err
 
 
-def _integrity_record(manager, directory: Path, step: int, where: str) -> dict:
+def _integrity_record(manager, step: int, where: str) -> dict:
     """The step's integrity item (integrity.py), {} for a step saved before they existed."""
-    if not (Path(directory) / str(step) / _INTEGRITY).exists():
+    if not (Path(manager.directory) / str(step) / _INTEGRITY).exists():
         return {}  # nothing to check
     args = ocp.args.Composite(**{_INTEGRITY: ocp.args.JsonRestore()})
     try:
@@ -325,7 +322,7 @@ def _integrity_record(manager, directory: Path, step: int, where: str) -> dict:
 
 def _checked_params(mngr, step: int, where: str, restored: Any, identity: dict) -> Any:
     """``restored`` params once the step's integrity record (if any) vouches for them."""
-    record = _integrity_record(mngr, mngr.directory, step, where)
+    record = _integrity_record(mngr, step, where)
     saved_vocab = record.get("identity", {}).get("vocab_sha256")
     vocab = identity.get("vocab_sha256")
     if saved_vocab and vocab and saved_vocab != vocab:
@@ -335,8 +332,9 @@ def _checked_params(mngr, step: int, where: str, restored: Any, identity: dict) 
             "vocabulary (the same corpus characters, or the same tokenizer)"
         )
     saved = (record.get("state_sha256") or {}).get("params")
-    read = (integrity.state_sha256({"params": restored}) or {}).get("params")
-    bad = integrity.state_mismatch({"params": saved} if saved else None, {"params": read})
+    # None where this process cannot hash them (a multi-host sharded state): nothing to check
+    read = integrity.state_sha256({"params": restored})
+    bad = integrity.state_mismatch({"params": saved} if saved else None, read)
     if bad:
         raise DamagedCheckpointError(f"{where} is damaged: {bad}")
     return restored

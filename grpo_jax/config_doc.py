@@ -59,11 +59,18 @@ def _in_branches(tree) -> set[int]:
     return inside
 
 
-def _assignments(source: str):
+def _parsed(source: str):
+    """(the source, its tree, the ids of the nodes under an ``if``): what both readers below
+    take, so that a config file is parsed once."""
+    tree = ast.parse(source)
+    return source, tree, _in_branches(tree)
+
+
+def _assignments(parsed):
     """(function, dotted path, comment, the assigned value node, under an ``if``) for every
-    ``x.a.b = ...`` in ``source``'s top-level functions."""
-    tree, lines, comments = ast.parse(source), source.splitlines(), _comments_by_line(source)
-    branches = _in_branches(tree)
+    ``x.a.b = ...`` in the parsed source's top-level functions."""
+    source, tree, branches = parsed
+    lines, comments = source.splitlines(), _comments_by_line(source)
     for func in tree.body:
         if not isinstance(func, ast.FunctionDef):
             continue
@@ -92,11 +99,13 @@ def field_comments(config_file: str | Path) -> dict[str, str]:
     comments come first, a variant's (under an ``if``) only fill the gaps: its comment speaks
     of its own value. Within each, the first non-empty comment of a field wins (variants
     re-assign fields without repeating the comment)."""
-    source = defining_file(config_file).read_text()
+    parsed = _parsed(defining_file(config_file).read_text())
     block_fields: dict[str, dict[str, str]] = {}
-    for func, path, comment, _, _ in _assignments(Path(config_blocks.__file__).read_text()):
+    for func, path, comment, _, _ in _assignments(
+        _parsed(Path(config_blocks.__file__).read_text())
+    ):
         block_fields.setdefault(func, {}).setdefault(path, comment)
-    assignments, calls = list(_assignments(source)), list(_block_calls(source))
+    assignments, calls = list(_assignments(parsed)), list(_block_calls(parsed))
     out: dict[str, str] = {}
     for in_variant in (False, True):
         for _, path, comment, value, branch in assignments:
@@ -118,11 +127,10 @@ def field_comments(config_file: str | Path) -> dict[str, str]:
     return out
 
 
-def _block_calls(source: str):
+def _block_calls(parsed):
     """(dotted path, function, under an ``if``) of every ``blocks.f(c.a.b, ...)`` statement: a
     block function that adds fields to an existing block."""
-    tree = ast.parse(source)
-    branches = _in_branches(tree)
+    _, tree, branches = parsed
     for node in ast.walk(tree):
         if isinstance(node, ast.Expr) and isinstance(node.value, ast.Call):
             call = node.value

@@ -179,13 +179,19 @@ def read_corpus(data_config) -> tuple[str, int, str]:
 
 
 def window_len(data_config) -> int:
-    """Tokens per prompt and continuation: context_len + horizon (0 when unset)."""
+    """Tokens per window: ``data.window_len`` where the task sets it (fill_in), else
+    context_len + horizon (0 when unset)."""
+    if data_config.get("window_len") is not None:
+        return int(data_config.window_len)
     return int(data_config.get("context_len", 0)) + int(data_config.get("horizon", 0))
 
 
-def check_splits(train, val, window: int, unit="chars", size="context_len + horizon") -> None:
-    """Each split must hold more than one window of `window` tokens (`unit` names them,
-    `size` the settings that make a window)."""
+def check_splits(train, val, data_config, unit: str = "chars") -> None:
+    """Each split must hold more than one window (window_len) of tokens (``unit`` names them)."""
+    window = window_len(data_config)
+    size = (
+        "data.window_len" if data_config.get("window_len") is not None else "context_len + horizon"
+    )
     for name, part in (("train", train), ("val", val)):
         if len(part) <= window:
             raise ValueError(
@@ -204,7 +210,7 @@ def load_corpus(data_config) -> Corpus:
     vocab = Vocab.from_text(text)  # from the whole text so val chars encode
     tokens = vocab.encode(text)
     train, val = tokens[:split], tokens[split:]
-    check_splits(train, val, window_len(data_config))
+    check_splits(train, val, data_config)
     return Corpus(vocab, train, val, sha256)
 
 

@@ -202,11 +202,11 @@ _TENSORSTORE_STATUS = re.compile(r"^[A-Z][A-Z_]+: ")
 class _QuietSiblingReadErrors(std_logging.Filter):
     """Drops asyncio's "Task exception was never retrieved" for tensorstore read errors.
 
-    Orbax restores every array of a checkpoint concurrently (``asyncio.gather``); on unreadable
-    files the first failure propagates and becomes our one error line, while the sibling reads'
-    identical failures are left unretrieved and asyncio logs each with a traceback whenever the
-    garbage collector reaches its task (before or after that line, depending on load). Any
-    other unretrieved exception is still logged."""
+    Orbax reads every array of a checkpoint concurrently, each read an asyncio task; on
+    unreadable files the first failure propagates and becomes our one error line, while the
+    abandoned sibling reads' identical failures are left unretrieved, and asyncio logs each
+    with a traceback whenever the garbage collector reaches its task (before or after that
+    line, depending on load). Any other unretrieved exception is still logged."""
 
     def filter(self, record: std_logging.LogRecord) -> bool:
         if not str(record.msg).startswith("Task exception was never retrieved"):

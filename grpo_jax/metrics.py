@@ -61,8 +61,7 @@ def first_token_stats(part, vocab_size: int):
     puts it in), its mean return over the prompts that forced it, and the share of the
     prompts that count where it is the group's best."""
     am = part.action_mask
-    rows = jnp.arange(am.shape[0])[:, None]
-    by_id = lambda x: jnp.zeros((am.shape[0], vocab_size)).at[rows, part.actions].add(x).sum(0)
+    by_id = lambda x: jnp.zeros(vocab_size).at[part.actions].add(x)  # summed over prompts
     reward = by_id(part.action_returns * am) / jnp.maximum(by_id(am), 1.0)
     best_slot = jnp.argmax(jnp.where(am > 0, part.action_returns, -jnp.inf), 1)
     best_id = jnp.take_along_axis(part.actions, best_slot[:, None], 1)[:, 0]

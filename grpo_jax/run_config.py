@@ -117,8 +117,13 @@ def recorded(workdir: Path) -> dict[str, Any] | None:
     return record
 
 
+def _matches(field: str, names) -> bool:
+    """``field`` is one of ``names``, or under one of them that ends in a dot."""
+    return any(field == m or (m.endswith(".") and field.startswith(m)) for m in names)
+
+
 def is_mutable(field: str) -> bool:
-    return any(field == m or (m.endswith(".") and field.startswith(m)) for m in MUTABLE)
+    return _matches(field, MUTABLE)
 
 
 def _show(changes: dict[str, tuple], limit: int = 3) -> str:
@@ -183,8 +188,7 @@ def check_evaluation(workdir: Path, config: Any) -> None:
     old = recorded(workdir)
     if old is None:
         return
-    read = lambda k: any(k == p or (p.endswith(".") and k.startswith(p)) for p in EVALUATED)
-    changes = {k: v for k, v in _changes(old, flat(config)).items() if read(k)}
+    changes = {k: v for k, v in _changes(old, flat(config)).items() if _matches(k, EVALUATED)}
     _refuse_fixed(workdir, changes, "task/model/data", "evaluate")
 
 
@@ -241,14 +245,15 @@ def save_config(workdir: str | os.PathLike, config: Any) -> None:
     _write_atomic(path / "config.txt", str(config))
 
 
-def keep_files(workdir: Path, files, replace: bool = False) -> None:
+def keep_files(workdir: Path, files) -> None:
     """Writes a task's files (``Task.files``: (name, text) pairs, e.g. a trained tokenizer)
-    that the workdir lacks; an existing one is what this run's task was built from, unless
-    ``replace`` (a workdir without checkpoints: a failed first run's files bind nothing).
+    that the workdir lacks; once it has checkpoints an existing one is what they were trained
+    with and stays, before that (a failed first run's files bind nothing) it is replaced.
     Atomic (a temp file renamed), so a crash never leaves half a tokenizer (process 0)."""
     if jax.process_index() != 0:
         return
     workdir.mkdir(parents=True, exist_ok=True)
+    replace = not has_checkpoint(workdir)
     for name, text in files:
         path = workdir / name
         if not path.exists() or replace:

@@ -289,6 +289,8 @@ def step_hooks(mesh: Mesh | None) -> StepHooks:
     def shard_batch(tree):
         return jax.tree.map(lambda x: jax.lax.with_sharding_constraint(x, bs), tree)
 
+    # a size-1 member axis has nothing to split, and XLA refuses its psum outside the manual
+    # region ("Cross-partition allreduce must be in (partial) manual partitioning mode")
     member_sum = make_member_sum(mesh) if mesh.shape["member"] > 1 else None
     return StepHooks(make_member_map(mesh), shard_batch, member_sum)
 

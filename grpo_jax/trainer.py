@@ -199,7 +199,7 @@ def _train_and_evaluate(config, workdir: str, mode: str = "train"):
     if is_main_process():
         logging.info("%s over %d devices", sharding.describe(mesh), mesh.size)
     run_config.record(workdir, resolved, changes, int(state.step), mode)  # the run goes ahead
-    run_config.keep_files(workdir, task.files, replace=not run_config.has_checkpoint(workdir))
+    run_config.keep_files(workdir, task.files)
     writer = MetricWriter(
         workdir,
         tensorboard=config.logging.tensorboard,

@@ -317,7 +317,7 @@ def test_a_failed_first_runs_tokenizer_binds_nothing(tmp_path, monkeypatch):
     monkeypatch.setattr(trainer, "build_task", lambda config, mode, workdir: built.append(workdir))
     (tmp_path / "tokenizer.json").write_text("old")
     trainer._build_in(None, str(tmp_path), "train")
-    keep_files(tmp_path, (("tokenizer.json", "new"),), replace=True)
+    keep_files(tmp_path, (("tokenizer.json", "new"),))
     assert (tmp_path / "tokenizer.json").read_text() == "new"
     _committed(tmp_path)
     trainer._build_in(None, str(tmp_path), "train")

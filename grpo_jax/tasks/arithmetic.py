@@ -120,9 +120,10 @@ def make_decode(tok):
         texts, terminated = problems.decode_completions(
             tok, tokens.reshape(b * k, t), mask.reshape(-1, t)
         )
-        prompt_texts = [tok.decode(p) for p in np.asarray(prompts.tokens) for _ in range(k)]
-        answers = [problems.parse_problem(text) for text in prompt_texts]
-        return prompt_texts, texts, {"answer": answers, "terminated": terminated}
+        per_prompt = [tok.decode(p) for p in np.asarray(prompts.tokens)]
+        answers = [problems.parse_problem(text) for text in per_prompt]
+        repeat = lambda xs: [x for x in xs for _ in range(k)]  # prompt-major, k per prompt
+        return repeat(per_prompt), texts, {"answer": repeat(answers), "terminated": terminated}
 
     return decode
 

@@ -132,7 +132,6 @@ class Setup(NamedTuple):
 def load_setup(config) -> Setup:
     """The corpus (and its mask token, checked), the held-out windows and both models."""
     corpus = data_lib.load_corpus(config.data)
-    data_lib.check_splits(corpus.train, corpus.val, config.data.window_len, size="data.window_len")
     v = corpus.vocab.size
     mask_id = mask_token(config, corpus.vocab)
     vocab = data_lib.Vocab(corpus.vocab.chars + config.data.mask_char)
