@@ -98,8 +98,14 @@ def flat(config: Any) -> dict[str, Any]:
 
 
 def recorded(workdir: Path) -> dict[str, Any] | None:
-    """The config the workdir's runs used last: config.json with the history applied (None
-    when the workdir has no record)."""
+    """The config that binds the workdir's checkpoints: the last one its runs used. None for
+    a workdir without a record or without a checkpoint: a run that failed before its first
+    save describes nothing, and its rerun may change anything."""
+    return read_record(workdir) if has_checkpoint(workdir) else None
+
+
+def read_record(workdir: Path) -> dict[str, Any] | None:
+    """config.json with the history applied, flat (None when the workdir has no record)."""
     path = workdir / "config.json"
     if not path.is_file():
         return None
@@ -160,12 +166,11 @@ def _refuse_fixed(workdir: Path, changes: dict[str, tuple], what: str, fix: str)
 
 
 def check_resume(workdir: Path, config: Any, mode: str = "train") -> dict[str, tuple]:
-    """The mutable fields this run changes against the workdir's record ({} for a fresh
-    workdir, the same config, or a record without checkpoints: a run that failed before its
-    first save describes nothing, and its rerun may change anything); raises ValueError
-    naming the fixed fields it would change, or the other --mode that trained it."""
+    """The mutable fields this run changes against the workdir's binding record ({} for
+    the same config, or where nothing binds: see ``recorded``); raises ValueError naming the
+    fixed fields it would change, or the other --mode that trained it."""
     old = recorded(workdir)
-    if old is None or not has_checkpoint(workdir):
+    if old is None:
         return {}
     if old.setdefault(MODE, mode) != mode:  # records before run_mode: not known, not refused
         raise ValueError(
@@ -193,12 +198,12 @@ def check_evaluation(workdir: Path, config: Any) -> None:
 
 
 def record(workdir: Path, config: Any, changes: dict[str, tuple], step: int, mode="train"):
-    """Called once the run goes ahead: writes config.json/config.txt (with ``run_mode``) for a
-    workdir without a record or without checkpoints (a new history starts), else appends
-    this run's changes (if any) to config_history.jsonl (process 0)."""
+    """Called once the run goes ahead: writes config.json/config.txt (with ``run_mode``) where
+    no record binds (``recorded``: a new history starts), else appends this run's changes
+    (if any) to config_history.jsonl (process 0)."""
     if jax.process_index() != 0:
         return  # one writer on a shared filesystem
-    if not (workdir / "config.json").is_file() or not has_checkpoint(workdir):
+    if recorded(workdir) is None:
         save_config(workdir, ConfigDict({**_tree(config), MODE: mode}))
         (workdir / HISTORY).unlink(missing_ok=True)
         return

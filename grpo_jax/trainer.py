@@ -303,10 +303,16 @@ def _evaluate(task, params, step, writer, monitor):
     return scalars
 
 
-def restore_params(config, workdir: str, task=None):
+def restore_params(config, workdir: str):
     """The params of the latest checkpoint in workdir; a workdir without one is refused
     (nothing is created: an evaluation of a random init would pass for the run's)."""
-    task = task or _build_in(config, workdir, "eval")
+    return _restore(config, workdir)[1]
+
+
+def _restore(config, workdir: str):
+    """(the task, the latest checkpoint's params). The workdir is checked before the task
+    is built: building may read the corpus or train a BPE tokenizer, minutes spent on a
+    workdir that is then refused."""
     if Path(workdir).expanduser().is_file():
         raise ValueError(f"--workdir {workdir} is a file; pass the directory of a run")
     run_config.check_evaluation(Path(workdir).expanduser(), config)
@@ -316,18 +322,19 @@ def restore_params(config, workdir: str, task=None):
             f"--workdir {workdir} has no checkpoint to evaluate or sample; train there first "
             "(--mode=train) or pass the workdir of a run"
         )
+    task = _build_in(config, workdir, "eval")
     quiet_orbax()
     template = task.make_state(task.init_params(jax.random.PRNGKey(config.seed)))
     ckpt = ckpt_lib.Checkpointer(
         directory, keep=config.train.keep_checkpoints, identity=run_identity(task)
     )
     try:
-        return ckpt.restore(template).params
+        return task, ckpt.restore(template).params
     finally:
         ckpt.close()
 
 
 def evaluate_only(config, workdir: str):
     """--mode=eval / --mode=sample: evaluate the latest checkpoint in workdir."""
-    task = _build_in(config, workdir, "eval")
-    return task.evaluate(restore_params(config, workdir, task))
+    task, params = _restore(config, workdir)
+    return task.evaluate(params)

@@ -221,18 +221,20 @@ def test_the_record_names_its_mode_and_binds_only_once_a_checkpoint_exists(tmp_p
     beside it (a run that failed before its first save) binds nothing: the rerun may change
     any setting, and its record replaces the old one, history and all."""
     from grpo_jax.configs.shakespeare import get_config
-    from grpo_jax.run_config import HISTORY, check_resume, record, recorded
+    from grpo_jax.run_config import HISTORY, check_resume, read_record, record, recorded
 
     config = get_config("tiny")
     record(tmp_path, config, {}, 0, "pretrain")
-    assert recorded(tmp_path)["run_mode"] == "pretrain"
+    assert read_record(tmp_path)["run_mode"] == "pretrain" and recorded(tmp_path) is None
     (tmp_path / HISTORY).write_text('{"step": 1, "changed": {"seed": [0, 5]}}\n')
     lr = config.optim.learning_rate
     config.optim.learning_rate = 1e-2
     assert check_resume(tmp_path, config, "train") == {}  # no checkpoint yet: nothing binds
     record(tmp_path, config, {}, 0, "train")
-    assert recorded(tmp_path)["optim.learning_rate"] == 1e-2 and not (tmp_path / HISTORY).exists()
+    assert read_record(tmp_path)["optim.learning_rate"] == 1e-2
+    assert not (tmp_path / HISTORY).exists()
     _committed(tmp_path)
+    assert recorded(tmp_path)["run_mode"] == "train"
     with pytest.raises(
         ValueError, match=r"holds a --mode=train run; continue it with --mode=train"
     ):
@@ -256,6 +258,30 @@ def test_an_evaluation_reads_the_checkpoints_under_their_task_model_and_data(tmp
     config.data.train_fraction = 0.5
     with pytest.raises(ValueError, match=r"data.train_fraction=0.9 \(now 0.5\); evaluate"):
         check_evaluation(tmp_path, config)
+
+
+def test_an_evaluation_checks_the_workdir_before_it_builds_the_task(tmp_path, monkeypatch):
+    """Building a task may read the corpus or train a BPE tokenizer: a workdir that --mode=eval
+    refuses (no checkpoint, a file, another model) is refused before any of that runs."""
+    from grpo_jax import trainer
+    from grpo_jax.configs.shakespeare import get_config
+    from grpo_jax.run_config import record
+
+    def built(*_):
+        raise AssertionError("the task was built before the workdir was checked")
+
+    monkeypatch.setattr(trainer, "build_task", built)
+    config = get_config("tiny")
+    with pytest.raises(ValueError, match="has no checkpoint to evaluate"):
+        trainer.evaluate_only(config, str(tmp_path))
+    (tmp_path / "a_file").write_text("")
+    with pytest.raises(ValueError, match="is a file"):
+        trainer.evaluate_only(config, str(tmp_path / "a_file"))
+    record(tmp_path, config, {}, 0, "train")
+    _committed(tmp_path)
+    config.model.num_layers += 1
+    with pytest.raises(ValueError, match="model.num_layers"):
+        trainer.evaluate_only(config, str(tmp_path))
 
 
 def test_a_warm_up_is_found_however_the_workdir_is_spelled(tmp_path, monkeypatch):

@@ -62,6 +62,19 @@ def test_sft_and_reward_model_learn():
     assert pair_acc > 0.65, pair_acc  # chance is 0.5
 
 
+def test_the_reward_model_is_trained_once_per_task(monkeypatch):
+    """It depends on the world alone: every build of the task (one per mesh) scores with the
+    same reward model, trained on the first."""
+    calls = []
+    real = tb.train_reward_model
+    monkeypatch.setattr(tb, "train_reward_model", lambda *a: calls.append(a) or real(*a))
+    task = build_task(get_config("rm,tiny"), "train")
+    params = task.init_params(jax.random.PRNGKey(0))
+    for _ in range(3):
+        task.build(params)
+    assert len(calls) == 1
+
+
 def test_tiny_run_through_trainer(tmp_path):
     cfg = get_config("rm,tiny")
     _, last = trainer.train_and_evaluate(cfg, str(tmp_path))

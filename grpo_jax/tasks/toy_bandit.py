@@ -268,13 +268,17 @@ def build(config, mode: str = "train", workdir=None) -> Task:  # keeps nothing i
     optim = OptimSpec.from_config(config.optim)
     tx, schedule = make_optimizer(optim, config.train.num_steps, updates_per_step=mu)
 
-    def build(initial_params, mesh=None):
-        rm_params = None
-        if t.reward == "rm":
-            rm_params, pair_acc = train_reward_model(
-                rm, world, jax.random.PRNGKey(world_seed + 10_000), t.rm
-            )
+    trained_rm = {}  # the reward model depends on the world alone: trained once per task
+
+    def reward_model():
+        if "params" not in trained_rm:
+            key = jax.random.PRNGKey(world_seed + 10_000)
+            trained_rm["params"], pair_acc = train_reward_model(rm, world, key, t.rm)
             logging.info("toy bandit: reward model pairwise accuracy %.4f", pair_acc)
+        return trained_rm["params"]
+
+    def build(initial_params, mesh=None):
+        rm_params = reward_model() if t.reward == "rm" else None
         fns = (policy_logits, t.vocab_size, 1, sample_prompts, terms, tx, schedule)
         return single_step.build(espec, *fns, initial_params, None, rm_params, mesh)
 
