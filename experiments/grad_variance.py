@@ -71,12 +71,8 @@ is given). Without std scaling (advantage_scale none) its expectation has the di
 policy gradient up to the O(1/G) effect of the group baseline. With std scaling (advantage_scale
 group) it does not: as G grows each prompt's advantages are divided by that prompt's reward std
 σ_p, so t̂ tends to Σ_p ∇J_p / σ_p, which weights the prompts by 1/σ_p. The arithmetic sections
-use std scaling. A one-off check outside these records (a reviewer's scratch script, another
-700-step arithmetic warm-up at 20 % greedy accuracy, 24 gradients of G = 64 each; not
-reproduced by this script's runs) gave cosine 0.960 between t̂ with and without it, and
-ceilings of 1.000 / 0.991 (sampled) and 0.370 / 0.384 (exhaustive) against the one and the
-other; `--true_advantage_scale=none` builds t̂ without it, to measure it here. Its
-precision: the split-half cosine s (one half's mean vs the other's) gives cos(t̂, t) ≈
+use std scaling; `--true_advantage_scale=none` builds t̂ without it, to measure how much the
+weighting moves the ceilings. Its precision: the split-half cosine s (one half's mean vs the other's) gives cos(t̂, t) ≈
 sqrt(2s / (1 + s)), t the expectation of t̂.
 
 **Per mode**, g_1..g_R its repeats, ḡ their mean: c_1 = mean_i cos(g_i, t̂) ± standard error;
