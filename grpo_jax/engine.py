@@ -29,7 +29,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from grpo_jax import groups, metrics, objective, rewards, scoring
+from grpo_jax import groups, metrics, objective, rewards, scoring, sharding
 from grpo_jax.loss import make_loss
 from grpo_jax.specs import EngineSpec
 from grpo_jax.train_state import StepInputs, TrainState, keep_if_finite
@@ -127,7 +127,7 @@ def make_grpo_step(
     # reward term that reads it
     needs = set() if obj.kl_estimator in objective.EXACT_KL else {"token"}
     needs |= {"dist"} if any(t.reads_reference for t in device_terms) else set()
-    member_map, shard_batch, member_sum = hooks or (None, None, None)
+    member_map, shard_batch, member_sum = hooks or sharding.step_hooks(None)
     collect = groups.make_collect(
         g, policy, reference, member_map, token_classes, completion_fields, frozenset(needs)
     )
@@ -137,8 +137,7 @@ def make_grpo_step(
         raise ValueError("a Python reward term needs the task's decode function")
 
     def prompts_of(key, data):
-        prompts = sample_prompts(key, data)
-        return prompts if shard_batch is None else shard_batch(prompts)
+        return shard_batch(sample_prompts(key, data))
 
     def groups_of(state: TrainState, inputs: StepInputs, prompts, key) -> Batch:
         parts, info = collect(state.params, inputs.ref_state, prompts, key)

@@ -41,6 +41,7 @@ from grpo_jax import checkpoint as ckpt_lib
 from grpo_jax import data as data_lib
 from grpo_jax import integrity
 from grpo_jax.encoder import SCORE_HEAD, Encoder
+from grpo_jax.sharding import unsharded
 from grpo_jax.train_state import TrainState, supervised_update
 
 CORRUPTIONS = ("random", "unigram", "bigram", "swap", "generator")
@@ -173,9 +174,12 @@ def window_logit(token_logits, params):
     return jnp.sum(jax.nn.log_sigmoid(token_logits), -1) + params["score_bias"]
 
 
-def make_judge_step(config, model, tx, schedule, kinds, vocab_size, gen_fill=None):
+def make_judge_step(
+    config, model, tx, schedule, kinds, vocab_size, gen_fill=None, shard_batch=unsharded
+):
     """Returns step(state, data: CorruptionData) -> (state, metrics): one BCE step (pure;
-    jit it). ``gen_fill`` samples the "generator" corruption (see ``corrupt``)."""
+    jit it). ``gen_fill`` samples the "generator" corruption (see ``corrupt``);
+    ``shard_batch`` (a mesh's StepHooks.shard_batch) splits the windows over the data axis."""
     j, d = config.judge, config.data
     b, length = j.batch_size, d.window_len
 
@@ -197,9 +201,14 @@ def make_judge_step(config, model, tx, schedule, kinds, vocab_size, gen_fill=Non
         k_win, k_span, k_cor = jax.random.split(key, 3)
         real = data_lib.random_windows(k_win, data.tokens, b, length)
         span = random_spans(k_span, b, length, d.span_min, d.span_max)
+        real, span = shard_batch((real, span))
         fake, _, _ = corrupt(k_cor, real, span, data, kinds, gen_fill)
-        x = jnp.concatenate([real, fake])
-        y = jnp.concatenate([jnp.ones_like(real), (fake == real)]).astype(jnp.float32)
+        # each window beside its corruption (not the B real then the B fake): a device's
+        # rows of x are then its own rows of real and fake, with nothing to move between
+        # devices; the loss is a sum over rows, so their order does not matter
+        x = jnp.stack([real, fake], 1).reshape(2 * b, length)
+        y = jnp.stack([jnp.ones_like(real), (fake == real)], 1).reshape(2 * b, length)
+        y = y.astype(jnp.float32)
         (loss, acc), grads = jax.value_and_grad(loss_fn, has_aux=True)(state.params, x, y)
         return supervised_update(state, loss, grads, tx, schedule, train_accuracy=acc)
 

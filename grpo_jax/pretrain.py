@@ -14,6 +14,7 @@ import optax
 from grpo_jax import data as data_lib
 from grpo_jax import objective
 from grpo_jax.policy import token_logits
+from grpo_jax.sharding import unsharded
 from grpo_jax.train_state import StepInputs, TrainState, supervised_update
 
 
@@ -22,8 +23,11 @@ def seq_len(config, max_len: int) -> int:
     return int(config.pretrain.seq_len) or int(max_len)
 
 
-def make_pretrain_step(config, model, tx, schedule):
-    """Returns step(state, inputs) -> (state, metrics): one AdamW step on a random batch."""
+def make_pretrain_step(config, model, tx, schedule, shard_batch=unsharded):
+    """Returns step(state, inputs) -> (state, metrics): one AdamW step on a random batch.
+
+    ``shard_batch`` (sharding.StepHooks.shard_batch on a mesh) splits the batch's rows over
+    the data axis, as the GRPO step's prompts; without it every device ran the whole batch."""
     b, seq = config.pretrain.batch_size, seq_len(config, model.max_len)
 
     def loss_fn(params, inputs, labels, dropout_key):
@@ -37,20 +41,21 @@ def make_pretrain_step(config, model, tx, schedule):
     def step(state: TrainState, inputs: StepInputs):
         key = jax.random.fold_in(state.rng, state.step)
         k_data, k_drop = jax.random.split(key)
-        x, y = data_lib.lm_batch(k_data, inputs.data, b, seq)
+        x, y = shard_batch(data_lib.lm_batch(k_data, inputs.data, b, seq))
         (loss, acc), grads = jax.value_and_grad(loss_fn, has_aux=True)(state.params, x, y, k_drop)
         return supervised_update(state, loss, grads, tx, schedule, train_accuracy=acc)
 
     return step
 
 
-def make_completion_sft_step(policy, tx, schedule, sample_batch):
+def make_completion_sft_step(policy, tx, schedule, sample_batch, shard_batch=unsharded):
     """Returns step(state, inputs) -> (state, metrics).
 
     ``sample_batch(key, data) -> (prompts, tokens [B, T], mask [B, T])``: prompts and their
     reference completions (e.g. the answer then EOS). The loss is the token-mean
     cross-entropy over the completion's real tokens; ``train_accuracy`` is the share of
-    completions whose every token is the argmax (what greedy decoding would reproduce)."""
+    completions whose every token is the argmax (what greedy decoding would reproduce).
+    ``shard_batch``: as make_pretrain_step's."""
 
     def loss_fn(params, prompts, tokens, mask):
         _, logits = token_logits(policy, params, prompts, tokens[:, None])
@@ -61,7 +66,7 @@ def make_completion_sft_step(policy, tx, schedule, sample_batch):
 
     def step(state: TrainState, inputs: StepInputs):
         key = jax.random.fold_in(state.rng, state.step)
-        prompts, tokens, mask = sample_batch(key, inputs.data)
+        prompts, tokens, mask = shard_batch(sample_batch(key, inputs.data))
         grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
         (loss, acc), grads = grad_fn(state.params, prompts, tokens, mask)
         return supervised_update(state, loss, grads, tx, schedule, train_accuracy=acc)

@@ -274,16 +274,21 @@ def make_member_sum(mesh: Mesh):
 
 
 class StepHooks(NamedTuple):
-    """What task.build threads into the step for a mesh (all None without one)."""
+    """What task.build threads into a step for a mesh (without one: None, unsharded, None)."""
 
     member_map: Any  # the rollout's members over ``member`` (groups.make_collect)
-    shard_batch: Any  # tree -> tree with the prompt axis constrained to P("data")
+    shard_batch: Any  # tree -> tree with the prompt (row) axis constrained to P("data")
     member_sum: Any  # the loss's member loop over ``member`` (loss.make_loss)
+
+
+def unsharded(tree: Any) -> Any:
+    """``shard_batch`` without a mesh."""
+    return tree
 
 
 def step_hooks(mesh: Mesh | None) -> StepHooks:
     if mesh is None:
-        return StepHooks(None, None, None)
+        return StepHooks(None, unsharded, None)
     bs = batch_sharding(mesh)
 
     def shard_batch(tree):

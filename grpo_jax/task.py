@@ -38,3 +38,5 @@ class Task(NamedTuple):
     # ((name, text), ...) the run keeps in its workdir, e.g. a trained tokenizer.json: written
     # once the run goes ahead, when absent (a resume built its task from them)
     files: tuple = ()
+    # the setting whose rows (prompts, windows) build's step splits over a mesh's data axis
+    batch_setting: str = "train.batch_size"

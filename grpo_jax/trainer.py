@@ -127,16 +127,17 @@ def warm_up(config, workdir):
     return _with_init_from(config, target)
 
 
-def _check_run(config, workdir, mode):
-    """Everything that can refuse the run, before any file is written: the mesh, the workdir
-    (a file, "" or read-only), and the workdir's recorded config (run_config.py). Returns
-    (TrainSpec, mesh, workdir Path, the config GRPO runs with, the recordable changes)."""
+def _check_run(config, workdir, mode, task):
+    """Everything that can refuse the run, before any file is written: the mesh (and the
+    task's batch on it), the workdir (a file, "" or read-only), and the workdir's recorded
+    config (run_config.py). Returns (TrainSpec, mesh, workdir Path, the config GRPO runs
+    with, the recordable changes)."""
     tc = TrainSpec.from_config(config.train)
     mesh = sharding.make_mesh(config.get("mesh"))  # once per run; see sharding.py
-    if mode == "train":
-        sharding.check_batch(tc.batch_size, mesh)
-        if "mode" in config.get("group", {}):
-            sharding.check_group_mode(config.group.mode, mesh)
+    batch = task.batch_setting
+    sharding.check_batch(int(run_config.flat(config)[batch]), mesh, batch)
+    if mode == "train" and "mode" in config.get("group", {}):
+        sharding.check_group_mode(config.group.mode, mesh)
     workdir = run_config.check_workdir(workdir)
     target = _warm_up_dir(config, workdir) if mode == "train" else None
     resolved = config if target is None else _with_init_from(config, _as_recorded(workdir, target))
@@ -164,7 +165,7 @@ def _build_in(config, workdir, mode):
 def _train_and_evaluate(config, workdir: str, mode: str = "train"):
     quiet_orbax()
     task = _build_in(config, workdir, mode)
-    tc, mesh, workdir, resolved, changes = _check_run(config, workdir, mode)
+    tc, mesh, workdir, resolved, changes = _check_run(config, workdir, mode, task)
     if mode == "train":
         config = warm_up(config, workdir)  # = resolved, once the warm-up's checkpoint exists
     params0 = initial_params(config, task)

@@ -12,6 +12,7 @@ import json
 import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import jax
@@ -19,7 +20,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from grpo_jax import sharding, trainer
+from grpo_jax import run_config, sharding, trainer
 from grpo_jax import tasks as task_lib
 from grpo_jax.config_blocks import load_config
 
@@ -68,11 +69,12 @@ def run_mesh(config, task, params0, spec, steps):
     if spec is None:
         step_fn, inputs = task.build(host_params)
         state = task.make_state(jax.tree.map(jax.numpy.asarray, host_params))
-        jstep = jax.jit(count(step_fn.fused), donate_argnums=0)
+        jstep = jax.jit(count(getattr(step_fn, "fused", step_fn)), donate_argnums=0)
     else:
         data, vocab, fsdp = spec
         mesh = sharding.make_mesh(_mesh_cfg(data, vocab))
-        sharding.check_batch(config.train.batch_size, mesh)
+        batch = task.batch_setting
+        sharding.check_batch(run_config.flat(config)[batch], mesh, batch)
         step_fn, inputs = task.build(host_params, mesh)
         state = task.make_state(host_params)
         jstep, state, inputs, _ = sharding.jit_step(step_fn, mesh, state, inputs, fsdp, count)
@@ -96,7 +98,11 @@ def param_diff(a, b):
     worst, key_bias = 0.0, 0.0
     for (path, x), y in zip(flat_a, jax.tree.leaves(b), strict=True):
         d = np.abs(np.asarray(x) - np.asarray(y))
-        if jax.tree_util.keystr(path).endswith("['qkv']['bias']"):
+        name = jax.tree_util.keystr(path)
+        if name.endswith("['key']['bias']"):  # flax's attention (the fill-in encoder)
+            key_bias = max(key_bias, float(d.max()))
+            continue
+        if name.endswith("['qkv']['bias']"):  # model.py's fused projection: q, k, v
             third = d.shape[-1] // 3
             key_bias = max(key_bias, float(d[third : 2 * third].max()))
             d = np.concatenate([d[:third], d[2 * third :]])
@@ -104,13 +110,13 @@ def param_diff(a, b):
     return worst, key_bias
 
 
-def equivalence(mode: str, steps: int = 3, config=None):
+def equivalence(mode: str, steps: int = 3, config=None, run_mode="train", meshes=MESHES[1:]):
     config = config or tiny_config(mode)
-    task = task_lib.build_task(config, "train")
+    task = task_lib.build_task(config, run_mode)
     params0 = trainer.initial_params(config, task)
     base_m, base_p, _, _ = run_mesh(config, task, params0, None, steps)
     out = {"mode": mode, "num_devices": jax.device_count(), "meshes": {}}
-    for spec in MESHES[1:]:
+    for spec in meshes:
         ms, ps, traces, cache = run_mesh(config, task, params0, spec, steps)
         dm = max(abs(a[k] - b[k]) for a, b in zip(ms, base_m, strict=True) for k in b)
         same_keys = all(set(a) == set(b) for a, b in zip(ms, base_m, strict=True))
@@ -132,12 +138,12 @@ def equivalence_all(*modes):
     return {m: equivalence(m) for m in (modes or ("sampled", "exhaustive"))}
 
 
-def work_per_device(config):
-    """Each device's compiled FLOPs for one step on one device, (data=8) and (member=8)."""
-    task = task_lib.build_task(config, "train")
+def work_per_device(config, run_mode="train", shapes=((1, 1), (8, 1), (1, 8))):
+    """Each device's compiled FLOPs for one step on each (data, member) mesh of ``shapes``."""
+    task = task_lib.build_task(config, run_mode)
     params0 = jax.tree.map(np.array, trainer.initial_params(config, task))
     out = {}
-    for data, member in ((1, 1), (8, 1), (1, 8)):
+    for data, member in shapes:
         mesh = sharding.make_mesh(_mesh_cfg(data, member))
         step, inputs = task.build(params0, mesh)
         run, state, inputs, _ = sharding.jit_step(step, mesh, task.make_state(params0), inputs)
@@ -156,6 +162,35 @@ def split_work():
     out["toy_bandit"]["flops"] = work_per_device(bandit)
     whole = tiny_config("exhaustive", **{"group.loss_chunk": 0, "group.vocab_chunk": 0})
     out["shakespeare"] = {"flops": work_per_device(whole)}
+    return out
+
+
+SUPERVISED = {  # the supervised steps: (config, its variant, --mode, its batch of 8 rows)
+    "shakespeare_pretrain": ("shakespeare", "tiny", "pretrain", {"pretrain.batch_size": 8}),
+    "arithmetic_sft": ("arithmetic", "tiny", "pretrain", {"pretrain.batch_size": 8}),
+    "fill_in_judge": (
+        "fill_in", "tiny", "train_judge",
+        {"judge.batch_size": 8, "judge.corruptions": "random,bigram,swap"},
+    ),
+    "fill_in_pretrain": ("fill_in", "tiny", "pretrain", {"pretrain.batch_size": 8}),
+}  # fmt: skip
+
+
+def supervised():
+    """Each supervised step on (data=8) against one device (3 steps: losses, metrics and
+    params), and its compiled FLOPs per device on both."""
+    out = {}
+    for name, (task, variant, mode, over) in SUPERVISED.items():
+        config = load_config(task, variant, **{"logging.tensorboard": False, **over})
+        out[name] = equivalence(name, 3, config, mode, meshes=((8, 1, False),))
+        out[name]["flops"] = work_per_device(config, mode, ((1, 1), (8, 1)))
+    over = {"pretrain.batch_size": 12, "mesh.data": 8, "mesh.member": 1}
+    config = load_config("shakespeare", "tiny", **over)
+    workdir = Path(tempfile.mkdtemp()) / "run"
+    try:
+        trainer.train_and_evaluate(config, str(workdir), "pretrain")
+    except ValueError as err:
+        out["refused"] = {"error": str(err), "workdir_made": workdir.exists()}
     return out
 
 
@@ -193,7 +228,6 @@ def resume(source: str, tmp: str, mode: str = "exhaustive"):
 if __name__ == "__main__":
     what = sys.argv[1]
     args = sys.argv[2:]
-    result = {"equivalence": equivalence_all, "resume": resume, "split_work": split_work}[what](
-        *args
-    )
+    checks = {"equivalence": equivalence_all, "resume": resume, "split_work": split_work}
+    result = {**checks, "supervised": supervised}[what](*args)
     print(json.dumps(result))

@@ -135,6 +135,32 @@ def test_the_mesh_splits_the_steps_work(split_work, task, meshes):
     assert all(flops[mesh] < flops["1x1"] / 4 for mesh in meshes), flops
 
 
+@pytest.fixture(scope="module")
+def supervised(env8):
+    return json.loads(run_python([CHECK, "supervised"], env8).stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.parametrize(
+    "name", ["shakespeare_pretrain", "arithmetic_sft", "fill_in_judge", "fill_in_pretrain"]
+)
+def test_supervised_steps_split_their_batch_over_data(supervised, name):
+    """Pretraining, completion SFT and the fill-in judge and generator: on (data=8) the same
+    3 steps as on one device, each device computing under a quarter of them. Before, their
+    builds ignored the mesh and every device ran the whole batch (about the one-device
+    FLOPs on each)."""
+    res = supervised[name]
+    m = res["meshes"]["(8, 1, False)"]
+    assert m["same_metric_keys"] and m["max_metric_diff"] < TOL, m
+    assert m["max_param_diff"] < TOL and m["traces"] == 1, m
+    assert res["flops"]["8x1"] < res["flops"]["1x1"] / 4, res["flops"]
+
+
+def test_a_supervised_batch_the_data_axis_does_not_divide_is_refused(supervised):
+    refused = supervised["refused"]
+    assert "pretrain.batch_size=12 is not divisible by the mesh's data axis" in refused["error"]
+    assert not refused["workdir_made"]
+
+
 # --------------------------------------------------------------- seeds in parallel
 
 

@@ -223,7 +223,9 @@ def make_build_step(config, espec, tok, policy_for, opt, train: Data, b: int, cl
     def build_step(initial_params, mesh=None):
         if espec is None:
             policy = policy_for(SamplingParams())
-            step = pretrain.make_completion_sft_step(policy, tx, schedule, sft_batch)
+            step = pretrain.make_completion_sft_step(
+                policy, tx, schedule, sft_batch, sharding.step_hooks(mesh).shard_batch
+            )
             return step, StepInputs(train, None)
         policy = policy_for(espec.group.sampling)
         use_ref = espec.objective.beta > 0
@@ -272,4 +274,5 @@ def build(config, mode: str = "train", workdir=None) -> Task:  # keeps nothing i
         vocab=tok,
         log_keys=("loss", "reward", "completions/mean_length", "eval/accuracy"),
         heldout_key="eval/accuracy",
+        batch_setting="pretrain.batch_size" if pretraining else "train.batch_size",
     )

@@ -36,7 +36,7 @@ from absl import logging
 
 from grpo_jax import checkpoint as ckpt_lib
 from grpo_jax import data as data_lib
-from grpo_jax import groups, integrity, single_step
+from grpo_jax import groups, integrity, sharding, single_step
 from grpo_jax import judge as judge_lib
 from grpo_jax.encoder import Encoder
 from grpo_jax.rewards import RewardTerm
@@ -199,10 +199,11 @@ def judge_task(config, s: Setup, kinds) -> Task:
 
     cdata = judge_lib.CorruptionData(s.train_tokens, log_uni, log_bi, gen_params)
 
-    def build_judge(initial_params, mesh=None):  # single-device task: mesh is unused
+    def build_judge(initial_params, mesh=None):
         step = judge_lib.make_judge_step(
-            config, s.judge_model, tx, schedule, kinds, s.v, gen_fill=gen_fill
-        )
+            config, s.judge_model, tx, schedule, kinds, s.v, gen_fill,
+            sharding.step_hooks(mesh).shard_batch,
+        )  # fmt: skip
         return step, cdata
 
     evaluate = judge_lib.make_judge_eval(
@@ -212,6 +213,7 @@ def judge_task(config, s: Setup, kinds) -> Task:
         config, s, tx,
         init_params=init_fn(s.judge_model, length), build=build_judge, evaluate=evaluate,
         tokens_per_step=int(2 * j.batch_size * length), num_steps=int(j.num_steps),
+        batch_setting="judge.batch_size",
     )  # fmt: skip
 
 
@@ -223,14 +225,17 @@ def pretrain_task(config, s: Setup, evaluate) -> Task:
         pc.num_steps,
     )
 
-    def build_pretrain(initial_params, mesh=None):  # single-device task: mesh is unused
-        step = make_pretrain_step(pc, s.generator, s.masked_input, tx, schedule, d)
+    def build_pretrain(initial_params, mesh=None):
+        step = make_pretrain_step(
+            pc, s.generator, s.masked_input, tx, schedule, d, sharding.step_hooks(mesh).shard_batch
+        )
         return step, s.train_tokens
 
     return make_task(
         config, s, tx,
         init_params=init_fn(s.generator, d.window_len), build=build_pretrain, evaluate=evaluate,
         tokens_per_step=int(pc.batch_size * d.window_len), num_steps=int(pc.num_steps),
+        batch_setting="pretrain.batch_size",
     )  # fmt: skip
 
 
@@ -372,9 +377,10 @@ def load_generator(path: str, template, vocab):
         ) from err
 
 
-def make_pretrain_step(pc, generator, masked_input, tx, schedule, d):
+def make_pretrain_step(pc, generator, masked_input, tx, schedule, d, shard_batch):
     """--mode=pretrain: supervised fill-in (cross-entropy of the original chars at the masked
-    positions), a reference generator and an ``init_from`` for GRPO."""
+    positions), a reference generator and an ``init_from`` for GRPO. ``shard_batch`` splits
+    the windows over a mesh's data axis."""
     length = d.window_len
 
     def loss_fn(params, masked, windows, span):
@@ -389,6 +395,7 @@ def make_pretrain_step(pc, generator, masked_input, tx, schedule, d):
         k_win, k_span = jax.random.split(key)
         windows = data_lib.random_windows(k_win, tokens, pc.batch_size, length)
         span = judge_lib.random_spans(k_span, pc.batch_size, length, d.span_min, d.span_max)
+        windows, span = shard_batch((windows, span))
         grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
         (loss, acc), grads = grad_fn(state.params, masked_input(windows, span), windows, span)
         # the fill-in name, beside the held-out eval/fill_accuracy of the same quantity

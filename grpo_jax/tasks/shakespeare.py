@@ -224,7 +224,9 @@ def build(config, mode: str = "train", workdir=None) -> Task:
 
     def build_step(initial_params, mesh=None):
         if pretraining:
-            step = pretrain.make_pretrain_step(config, model, tx, schedule)
+            step = pretrain.make_pretrain_step(
+                config, model, tx, schedule, sharding.step_hooks(mesh).shard_batch
+            )
             return step, StepInputs(train_tokens, None)
         policy = transformer_policy(model, espec.group.sampling, h)
         ref, ref_state = make_reference(
@@ -266,4 +268,5 @@ def build(config, mode: str = "train", workdir=None) -> Task:
         heldout_key="eval/rollout_accuracy",
         data_sha256=corpus.sha256,
         files=((bpe.FILE_NAME, vocab.to_str()),) if subword else (),
+        batch_setting="pretrain.batch_size" if pretraining else "train.batch_size",
     )
