@@ -127,10 +127,11 @@ def make_grpo_step(
     # reward term that reads it
     needs = set() if obj.kl_estimator in objective.EXACT_KL else {"token"}
     needs |= {"dist"} if any(t.reads_reference for t in device_terms) else set()
-    member_map, shard_batch, member_sum = hooks or sharding.step_hooks(None)
+    member_map, shard_batch, member_sum, batch_multiple = hooks or sharding.step_hooks(None)
     collect = groups.make_collect(
-        g, policy, reference, member_map, token_classes, completion_fields, frozenset(needs)
-    )
+        g, policy, reference, member_map, token_classes, completion_fields, frozenset(needs),
+        batch_multiple,
+    )  # fmt: skip
     loss_fn = make_loss(obj, g, policy, reference, member_sum)
     host_terms = tuple(t for t in reward_terms if t.host)
     if host_terms and decode is None:

@@ -236,6 +236,7 @@ def make_collect(
     classes=None,
     completion_fields=(),
     reference_needs=frozenset(),
+    batch_multiple=1,
 ):
     """Returns collect(params, ref_state, prompts, key) -> (parts, info) (pure).
 
@@ -244,7 +245,9 @@ def make_collect(
     the token classes of group.mode=hierarchical (candidates.token_classes);
     ``completion_fields``: the prompt fields that branch_prompts shifts;
     ``reference_needs``: what the parts carry of π_ref per token (make_reference_terms); a
-    forced part also carries the reference at its decision point, [B, V]."""
+    forced part also carries the reference at its decision point, [B, V];
+    ``batch_multiple``: a sub-batch's prompt count is padded to a multiple of it (the mesh's
+    data axis, sharding.StepHooks)."""
     g, sp = spec, spec.sampling
     t, v = policy.completion_length, policy.vocab_size
     ref_terms = make_reference_terms(reference, reference_needs, g.loss_chunk or g.vocab_chunk)
@@ -360,13 +363,21 @@ def make_collect(
             return (forced,), {**info, **mode_info}
         # adaptive: the budget's most uncertain prompts, gated by the entropy threshold
         ent = objective.entropy_from_logits(ro.tempered_logp(first_logits, sp))
+        # The sub-batch is padded with the next prompts, never chosen (zero weight, as a prompt
+        # under the threshold), to a multiple of the data axis: split unevenly over it, GSPMD's
+        # padding rows turned the forced part's gradient into NaN (B = 4 on data=2, member=2)
+        # and the step kept its old state. On a mesh it keeps two prompts per data device where
+        # the batch has them: with one, jax 0.6.1's loss diverged (an exhaustive group of
+        # B = data prompts does too). Rows <= b, which the data axis divides.
         budget = adaptive_budget(b)
-        top_ent, idx = jax.lax.top_k(ent, budget)
-        chosen = top_ent > g.entropy_threshold
+        per_device = max(-(-budget // batch_multiple), 1 if batch_multiple == 1 else 2)
+        rows = min(per_device * batch_multiple, b)
+        top_ent, idx = jax.lax.top_k(ent, rows)
+        chosen = (top_ent > g.entropy_threshold) & (jnp.arange(rows) < budget)
         exhaustive_rows = jnp.zeros((b,), jnp.float32).at[idx].set(chosen.astype(jnp.float32))
         sub = lambda tree: jax.tree.map(lambda x: x[idx], tree)
-        amask = jnp.broadcast_to(chosen[:, None], (budget, v)).astype(jnp.float32)
-        all_actions = jnp.broadcast_to(jnp.arange(v, dtype=jnp.int32), (budget, v))
+        amask = jnp.broadcast_to(chosen[:, None], (rows, v)).astype(jnp.float32)
+        all_actions = jnp.broadcast_to(jnp.arange(v, dtype=jnp.int32), (rows, v))
         forced = forced_part(
             params, ref_state, sub(prompts), first_logits[idx], sub(state), all_actions, amask,
             k_forced,

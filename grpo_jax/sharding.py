@@ -125,23 +125,6 @@ def check_batch(batch_size: int, mesh: Mesh, what: str = "train.batch_size") -> 
         )
 
 
-def check_group_mode(group_mode: str, mesh: Mesh) -> None:
-    """Refuse what is known not to be mesh-independent yet, instead of silently differing.
-
-    Adaptive groups gather a data-sharded sub-batch of prompts for their exhaustive part;
-    on a mesh with both axes > 1 that run diverges from a single device after a few steps
-    (tests/_sharding_check.py equivalence adaptive). Data-only and member-only meshes match.
-    On jax 0.10.2 only a sub-batch that ``data`` does not divide diverges (B = 4 on
-    (data=2, member=2): at step 1 the entropy metrics come out halved, the params differ by
-    6e-4), but on jax 0.6.1, the minimum pinned, B = 8 on (data=2, member=4) diverges too
-    (metrics by 0.021), so every such mesh stays refused."""
-    if group_mode == "adaptive" and mesh.shape["data"] > 1 and mesh.shape["member"] > 1:
-        raise ValueError(
-            f"group.mode=adaptive is not supported on {describe(mesh)} yet (results would "
-            "depend on the mesh); use --config.mesh.member=1 or --config.mesh.data=1"
-        )
-
-
 def replicated(mesh: Mesh) -> NamedSharding:
     return NamedSharding(mesh, P())
 
@@ -279,6 +262,9 @@ class StepHooks(NamedTuple):
     member_map: Any  # the rollout's members over ``member`` (groups.make_collect)
     shard_batch: Any  # tree -> tree with the prompt (row) axis constrained to P("data")
     member_sum: Any  # the loss's member loop over ``member`` (loss.make_loss)
+    # a sub-batch's prompt count (adaptive's forced part) is padded to a multiple of ``data``:
+    # GSPMD's own padding of an uneven split leaked NaN into the gradients
+    batch_multiple: int = 1
 
 
 def unsharded(tree: Any) -> Any:
@@ -297,7 +283,7 @@ def step_hooks(mesh: Mesh | None) -> StepHooks:
     # a size-1 member axis has nothing to split, and XLA refuses its psum outside the manual
     # region ("Cross-partition allreduce must be in (partial) manual partitioning mode")
     member_sum = make_member_sum(mesh) if mesh.shape["member"] > 1 else None
-    return StepHooks(make_member_map(mesh), shard_batch, member_sum)
+    return StepHooks(make_member_map(mesh), shard_batch, member_sum, mesh.shape["data"])
 
 
 def jit_step(step, mesh: Mesh, state, inputs, shard_params: bool = False, wrap=None):

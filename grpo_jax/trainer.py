@@ -136,8 +136,6 @@ def _check_run(config, workdir, mode, task):
     mesh = sharding.make_mesh(config.get("mesh"))  # once per run; see sharding.py
     batch = task.batch_setting
     sharding.check_batch(int(run_config.flat(config)[batch]), mesh, batch)
-    if mode == "train" and "mode" in config.get("group", {}):
-        sharding.check_group_mode(config.group.mode, mesh)
     workdir = run_config.check_workdir(workdir)
     target = _warm_up_dir(config, workdir) if mode == "train" else None
     resolved = config if target is None else _with_init_from(config, _as_recorded(workdir, target))

@@ -110,6 +110,13 @@ def param_diff(a, b):
     return worst, key_bias
 
 
+def _gap(a: float, b: float) -> float:
+    """|a - b|, inf where one is NaN (Python's max would skip a NaN), 0 where both are."""
+    if np.isnan(a) or np.isnan(b):
+        return 0.0 if np.isnan(a) and np.isnan(b) else float("inf")
+    return abs(a - b)
+
+
 def equivalence(mode: str, steps: int = 3, config=None, run_mode="train", meshes=MESHES[1:]):
     config = config or tiny_config(mode)
     task = task_lib.build_task(config, run_mode)
@@ -118,7 +125,7 @@ def equivalence(mode: str, steps: int = 3, config=None, run_mode="train", meshes
     out = {"mode": mode, "num_devices": jax.device_count(), "meshes": {}}
     for spec in meshes:
         ms, ps, traces, cache = run_mesh(config, task, params0, spec, steps)
-        dm = max(abs(a[k] - b[k]) for a, b in zip(ms, base_m, strict=True) for k in b)
+        dm = max(_gap(a[k], b[k]) for a, b in zip(ms, base_m, strict=True) for k in b)
         same_keys = all(set(a) == set(b) for a, b in zip(ms, base_m, strict=True))
         dp, dkb = param_diff(ps, base_p)
         out["meshes"][str(spec)] = {
@@ -136,6 +143,13 @@ def equivalence(mode: str, steps: int = 3, config=None, run_mode="train", meshes
 
 def equivalence_all(*modes):
     return {m: equivalence(m) for m in (modes or ("sampled", "exhaustive"))}
+
+
+def adaptive():
+    """Adaptive groups of B = 4 (a forced sub-batch of one prompt) on 2-D meshes, whose data
+    axis does not divide that sub-batch."""
+    config = tiny_config("adaptive", **{"train.batch_size": 4})
+    return equivalence("adaptive", 3, config, meshes=((2, 4, False), (4, 2, False)))
 
 
 def work_per_device(config, run_mode="train", shapes=((1, 1), (8, 1), (1, 8))):
@@ -229,5 +243,5 @@ if __name__ == "__main__":
     what = sys.argv[1]
     args = sys.argv[2:]
     checks = {"equivalence": equivalence_all, "resume": resume, "split_work": split_work}
-    result = {**checks, "supervised": supervised}[what](*args)
+    result = {**checks, "supervised": supervised, "adaptive": adaptive}[what](*args)
     print(json.dumps(result))

@@ -112,6 +112,18 @@ def test_meshes_give_the_same_step(equivalence, mode):
         assert m["traces"] == 1 and m["cache_size"] == 1, (name, m)  # compiled once per mesh
 
 
+def test_adaptive_groups_take_the_same_step_on_2d_meshes(env8):
+    """Adaptive groups' forced sub-batch (ceil(B / 4) prompts) split unevenly over ``data``
+    made GSPMD's padding rows turn the gradient into NaN (B = 4 on (data=2, member=2) and
+    (4, 2)), and every step kept its old state; they were refused on 2-D meshes. The
+    sub-batch is now padded to whole rows per data device (groups.make_collect)."""
+    res = json.loads(run_python([CHECK, "adaptive"], env8).stdout.strip().splitlines()[-1])
+    assert set(res["meshes"]) == {"(2, 4, False)", "(4, 2, False)"}
+    for name, m in res["meshes"].items():
+        assert m["same_metric_keys"] and m["max_metric_diff"] < TOL, (name, m)
+        assert m["max_param_diff"] < TOL, (name, m)
+
+
 @pytest.fixture(scope="module")
 def split_work(env8):
     return json.loads(run_python([CHECK, "split_work"], env8).stdout.strip().splitlines()[-1])
