@@ -366,12 +366,10 @@ def make_collect(
         # The sub-batch is padded with the next prompts, never chosen (zero weight, as a prompt
         # under the threshold), to a multiple of the data axis: split unevenly over it, GSPMD's
         # padding rows turned the forced part's gradient into NaN (B = 4 on data=2, member=2)
-        # and the step kept its old state. On a mesh it keeps two prompts per data device where
-        # the batch has them: with one, jax 0.6.1's loss diverged (an exhaustive group of
-        # B = data prompts does too). Rows <= b, which the data axis divides.
+        # and the step kept its old state. No device runs more rows than GSPMD's padding gave
+        # it; rows <= b, which the data axis divides.
         budget = adaptive_budget(b)
-        per_device = max(-(-budget // batch_multiple), 1 if batch_multiple == 1 else 2)
-        rows = min(per_device * batch_multiple, b)
+        rows = -(-budget // batch_multiple) * batch_multiple
         top_ent, idx = jax.lax.top_k(ent, rows)
         chosen = (top_ent > g.entropy_threshold) & (jnp.arange(rows) < budget)
         exhaustive_rows = jnp.zeros((b,), jnp.float32).at[idx].set(chosen.astype(jnp.float32))

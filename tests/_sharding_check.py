@@ -145,11 +145,30 @@ def equivalence_all(*modes):
     return {m: equivalence(m) for m in (modes or ("sampled", "exhaustive"))}
 
 
-def adaptive():
-    """Adaptive groups of B = 4 (a forced sub-batch of one prompt) on 2-D meshes, whose data
-    axis does not divide that sub-batch."""
-    config = tiny_config("adaptive", **{"train.batch_size": 4})
-    return equivalence("adaptive", 3, config, meshes=((2, 4, False), (4, 2, False)))
+def few_rows():
+    """Adaptive groups of B = 4 (a forced sub-batch of one prompt) on 2-D meshes whose data
+    axis does not divide that sub-batch, and exhaustive groups of B = 2 on (data=2, member=4):
+    one prompt per data device."""
+    meshes = ((2, 4, False), (4, 2, False))
+    adaptive = tiny_config("adaptive", **{"train.batch_size": 4})
+    exhaustive = tiny_config("exhaustive", **{"train.batch_size": 2})
+    return {
+        "adaptive": equivalence("adaptive", 3, adaptive, meshes=meshes),
+        "exhaustive": equivalence("exhaustive", 3, exhaustive, meshes=meshes[:1]),
+    }
+
+
+def adaptive_sweep():
+    """Not a test (minutes): adaptive groups of B = 4, 8, 12, 16 on (2,2), (4,2) and (2,4),
+    the worst metric and param differences from one device per B (the CHANGELOG's figures)."""
+    out = {}
+    for b in (4, 8, 12, 16):
+        config = tiny_config("adaptive", **{"train.batch_size": b})
+        res = equivalence(
+            "adaptive", 3, config, meshes=((2, 2, False), (4, 2, False), (2, 4, False))
+        )
+        out[b] = {k: (m["max_metric_diff"], m["max_param_diff"]) for k, m in res["meshes"].items()}
+    return {"jax": jax.__version__, "by_batch": out}
 
 
 def work_per_device(config, run_mode="train", shapes=((1, 1), (8, 1), (1, 8))):
@@ -243,5 +262,10 @@ if __name__ == "__main__":
     what = sys.argv[1]
     args = sys.argv[2:]
     checks = {"equivalence": equivalence_all, "resume": resume, "split_work": split_work}
-    result = {**checks, "supervised": supervised, "adaptive": adaptive}[what](*args)
+    result = {
+        **checks,
+        "supervised": supervised,
+        "few_rows": few_rows,
+        "adaptive_sweep": adaptive_sweep,
+    }[what](*args)
     print(json.dumps(result))

@@ -112,13 +112,21 @@ def test_meshes_give_the_same_step(equivalence, mode):
         assert m["traces"] == 1 and m["cache_size"] == 1, (name, m)  # compiled once per mesh
 
 
-def test_adaptive_groups_take_the_same_step_on_2d_meshes(env8):
+@pytest.fixture(scope="module")
+def few_rows(env8):
+    return json.loads(run_python([CHECK, "few_rows"], env8).stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.parametrize("mode, meshes", [("adaptive", 2), ("exhaustive", 1)])
+def test_few_prompts_per_data_device_take_the_same_step(few_rows, mode, meshes):
     """Adaptive groups' forced sub-batch (ceil(B / 4) prompts) split unevenly over ``data``
-    made GSPMD's padding rows turn the gradient into NaN (B = 4 on (data=2, member=2) and
+    made GSPMD's padding rows turn the gradient into NaN (B = 4 on (data=2, member=4) and
     (4, 2)), and every step kept its old state; they were refused on 2-D meshes. The
-    sub-batch is now padded to whole rows per data device (groups.make_collect)."""
-    res = json.loads(run_python([CHECK, "adaptive"], env8).stdout.strip().splitlines()[-1])
-    assert set(res["meshes"]) == {"(2, 4, False)", "(4, 2, False)"}
+    sub-batch is now padded to whole rows per data device (groups.make_collect).
+    Exhaustive groups of one prompt per data device (B = 2 on (2, 4)) differ from one device
+    under jax <= 0.7.2 (metrics by 0.084), hence the jax >= 0.8.0 pin."""
+    res = few_rows[mode]
+    assert len(res["meshes"]) == meshes
     for name, m in res["meshes"].items():
         assert m["same_metric_keys"] and m["max_metric_diff"] < TOL, (name, m)
         assert m["max_param_diff"] < TOL, (name, m)
