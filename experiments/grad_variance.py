@@ -72,8 +72,8 @@ policy gradient up to the O(1/G) effect of the group baseline. With std scaling 
 group) it does not: as G grows each prompt's advantages are divided by that prompt's reward std
 σ_p, so t̂ tends to Σ_p ∇J_p / σ_p, which weights the prompts by 1/σ_p. The arithmetic sections
 use std scaling; `--true_advantage_scale=none` builds t̂ without it, to measure how much the
-weighting moves the ceilings. Its precision: the split-half cosine s (one half's mean vs the other's) gives cos(t̂, t) ≈
-sqrt(2s / (1 + s)), t the expectation of t̂.
+weighting moves the ceilings. Its precision: the split-half cosine s (one half's mean vs the
+other's) gives cos(t̂, t) ≈ sqrt(2s / (1 + s)), t the expectation of t̂.
 
 **Per mode**, g_1..g_R its repeats, ḡ their mean: c_1 = mean_i cos(g_i, t̂) ± standard error;
 cos(ḡ, t̂); the mean cosine between repeats; ρ = tr Cov(g) / ‖E g‖² (each unbiased: Σ‖g_i − ḡ‖²

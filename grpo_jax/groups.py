@@ -367,9 +367,10 @@ def make_collect(
         # under the threshold), to a multiple of the data axis: split unevenly over it, GSPMD's
         # padding rows turned the forced part's gradient into NaN (B = 4 on data=2, member=2)
         # and the step kept its old state. No device runs more rows than GSPMD's padding gave
-        # it; rows <= b, which the data axis divides.
+        # it. The trainer has checked that the data axis divides b (sharding.check_batch), so
+        # rows <= b; min() only keeps top_k defined for a caller that has not.
         budget = adaptive_budget(b)
-        rows = -(-budget // batch_multiple) * batch_multiple
+        rows = min(-(-budget // batch_multiple) * batch_multiple, b)
         top_ent, idx = jax.lax.top_k(ent, rows)
         chosen = (top_ent > g.entropy_threshold) & (jnp.arange(rows) < budget)
         exhaustive_rows = jnp.zeros((b,), jnp.float32).at[idx].set(chosen.astype(jnp.float32))

@@ -205,7 +205,7 @@ def make_judge_step(
         fake, _, _ = corrupt(k_cor, real, span, data, kinds, gen_fill)
         # each window beside its corruption (not the B real then the B fake): a device's
         # rows of x are then its own rows of real and fake, with nothing to move between
-        # devices; the loss is a sum over rows, so their order does not matter
+        # devices; the loss is a mean over rows, so their order does not matter
         x = jnp.stack([real, fake], 1).reshape(2 * b, length)
         y = jnp.stack([jnp.ones_like(real), (fake == real)], 1).reshape(2 * b, length)
         y = y.astype(jnp.float32)

@@ -219,11 +219,12 @@ def supervised():
         out[name]["flops"] = work_per_device(config, mode, ((1, 1), (8, 1)))
     over = {"pretrain.batch_size": 12, "mesh.data": 8, "mesh.member": 1}
     config = load_config("shakespeare", "tiny", **over)
-    workdir = Path(tempfile.mkdtemp()) / "run"
-    try:
-        trainer.train_and_evaluate(config, str(workdir), "pretrain")
-    except ValueError as err:
-        out["refused"] = {"error": str(err), "workdir_made": workdir.exists()}
+    with tempfile.TemporaryDirectory() as tmp:
+        workdir = Path(tmp) / "run"
+        try:
+            trainer.train_and_evaluate(config, str(workdir), "pretrain")
+        except ValueError as err:
+            out["refused"] = {"error": str(err), "workdir_made": workdir.exists()}
     return out
 
 

@@ -272,6 +272,26 @@ def test_python_rewards_on_two_processes(cache, env4, shakespeare_path, tmp_path
     assert max(rewards) > 0 and max(abs(x) for x in got.values()) > 0  # a non-trivial check
 
 
+def test_pretraining_on_two_processes(cache, env4, shakespeare_path, tmp_path):
+    """A supervised step splits its batch over ``data`` as GRPO's does: 2 processes x 2
+    devices log the pretraining losses of 1 process x 4 on (data=4)."""
+    args = [
+        "--config=shakespeare:tiny",
+        "--mode=pretrain",
+        "--config.pretrain.batch_size=8",
+        "--config.train.checkpoint_every=100",
+        "--config.train.eval_every=100",
+        "--config.logging.tensorboard=False",
+        "--config.mesh.data=4",
+        "--config.mesh.member=1",
+    ]
+    run_python(["-m", "grpo_jax.main", *args, f"--workdir={tmp_path / 'one'}"], env4)
+    launch([*args, f"--workdir={tmp_path / 'two'}"], _env(cache, 2, shakespeare_path), tmp_path)
+    ref, got = _losses(tmp_path / "one"), _losses(tmp_path / "two")
+    assert sorted(got) == sorted(ref) == [1, 2, 3]
+    np.testing.assert_allclose([got[s] for s in ref], [ref[s] for s in ref], atol=TOL)
+
+
 # ------------------------------------------------------------------ launch settings
 
 
