@@ -201,14 +201,13 @@ def make_judge_step(
         k_win, k_span, k_cor = jax.random.split(key, 3)
         real = data_lib.random_windows(k_win, data.tokens, b, length)
         span = random_spans(k_span, b, length, d.span_min, d.span_max)
-        real, span = shard_batch((real, span))
+        real, span = shard_batch((real, span))  # the corruptions split over data too
         fake, _, _ = corrupt(k_cor, real, span, data, kinds, gen_fill)
-        # each window beside its corruption (not the B real then the B fake): a device's
-        # rows of x are then its own rows of real and fake, with nothing to move between
-        # devices; the loss is a mean over rows, so their order does not matter
-        x = jnp.stack([real, fake], 1).reshape(2 * b, length)
-        y = jnp.stack([jnp.ones_like(real), (fake == real)], 1).reshape(2 * b, length)
-        y = y.astype(jnp.float32)
+        x = jnp.concatenate([real, fake])
+        y = jnp.concatenate([jnp.ones_like(real), (fake == real)]).astype(jnp.float32)
+        # [real; fake] re-split over data moves a few int windows between devices, and keeps
+        # one device's summation order (and the committed fill-in figures) bit for bit
+        x, y = shard_batch((x, y))
         (loss, acc), grads = jax.value_and_grad(loss_fn, has_aux=True)(state.params, x, y)
         return supervised_update(state, loss, grads, tx, schedule, train_accuracy=acc)
 
