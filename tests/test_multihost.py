@@ -248,6 +248,17 @@ def test_resume_on_two_processes(one_process, two_processes, env4, tmp_path):
     assert [r["step"] for r in _rows(workdir / "char_stats.jsonl")] == [3, 4]
 
 
+def _one_then_two_processes(args, cache, env4, shakespeare_path, tmp_path) -> dict:
+    """A 3-step run as 1 process x 4 devices, then as 2 processes x 2: their losses must be
+    equal. Returns the 2-process run's {step: loss}."""
+    run_python(["-m", "grpo_jax.main", *args, f"--workdir={tmp_path / 'one'}"], env4)
+    launch([*args, f"--workdir={tmp_path / 'two'}"], _env(cache, 2, shakespeare_path), tmp_path)
+    ref, got = _losses(tmp_path / "one"), _losses(tmp_path / "two")
+    assert sorted(got) == sorted(ref) == [1, 2, 3]
+    np.testing.assert_allclose([got[s] for s in ref], [ref[s] for s in ref], atol=TOL)
+    return got
+
+
 def test_python_rewards_on_two_processes(cache, env4, shakespeare_path, tmp_path):
     """A Python reward decodes the whole batch, of which each process holds its devices'
     shards: 2 processes x 2 devices log the losses of 1 process x 4 (before
@@ -263,11 +274,7 @@ def test_python_rewards_on_two_processes(cache, env4, shakespeare_path, tmp_path
         "--config.mesh.data=2",
         "--config.mesh.member=2",
     ]
-    run_python(["-m", "grpo_jax.main", *args, f"--workdir={tmp_path / 'one'}"], env4)
-    launch([*args, f"--workdir={tmp_path / 'two'}"], _env(cache, 2, shakespeare_path), tmp_path)
-    ref, got = _losses(tmp_path / "one"), _losses(tmp_path / "two")
-    assert sorted(got) == sorted(ref) == [1, 2, 3]
-    np.testing.assert_allclose([got[s] for s in ref], [ref[s] for s in ref], atol=TOL)
+    got = _one_then_two_processes(args, cache, env4, shakespeare_path, tmp_path)
     rewards = [r["reward"] for r in _rows(tmp_path / "two" / "metrics.jsonl") if "reward" in r]
     assert max(rewards) > 0 and max(abs(x) for x in got.values()) > 0  # a non-trivial check
 
@@ -285,11 +292,7 @@ def test_pretraining_on_two_processes(cache, env4, shakespeare_path, tmp_path):
         "--config.mesh.data=4",
         "--config.mesh.member=1",
     ]
-    run_python(["-m", "grpo_jax.main", *args, f"--workdir={tmp_path / 'one'}"], env4)
-    launch([*args, f"--workdir={tmp_path / 'two'}"], _env(cache, 2, shakespeare_path), tmp_path)
-    ref, got = _losses(tmp_path / "one"), _losses(tmp_path / "two")
-    assert sorted(got) == sorted(ref) == [1, 2, 3]
-    np.testing.assert_allclose([got[s] for s in ref], [ref[s] for s in ref], atol=TOL)
+    _one_then_two_processes(args, cache, env4, shakespeare_path, tmp_path)
 
 
 # ------------------------------------------------------------------ launch settings
