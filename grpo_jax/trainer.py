@@ -127,6 +127,12 @@ def warm_up(config, workdir):
     return _with_init_from(config, target)
 
 
+def check_task_batch(config, task, mesh) -> None:
+    """The setting whose rows the task's step splits over ``data`` must divide it."""
+    batch = task.batch_setting
+    sharding.check_batch(int(run_config.flat(config)[batch]), mesh, batch)
+
+
 def _check_run(config, workdir, mode, task):
     """Everything that can refuse the run, before any file is written: the mesh (and the
     task's batch on it), the workdir (a file, "" or read-only), and the workdir's recorded
@@ -134,8 +140,7 @@ def _check_run(config, workdir, mode, task):
     with, the recordable changes)."""
     tc = TrainSpec.from_config(config.train)
     mesh = sharding.make_mesh(config.get("mesh"))  # once per run; see sharding.py
-    batch = task.batch_setting
-    sharding.check_batch(int(run_config.flat(config)[batch]), mesh, batch)
+    check_task_batch(config, task, mesh)
     workdir = run_config.check_workdir(workdir)
     target = _warm_up_dir(config, workdir) if mode == "train" else None
     resolved = config if target is None else _with_init_from(config, _as_recorded(workdir, target))
@@ -312,16 +317,17 @@ def _restore(config, workdir: str):
     """(the task, the latest checkpoint's params). The workdir is checked before the task
     is built: building may read the corpus or train a BPE tokenizer, minutes spent on a
     workdir that is then refused."""
-    if Path(workdir).expanduser().is_file():
+    path = Path(workdir).expanduser()
+    if path.is_file():
         raise ValueError(f"--workdir {workdir} is a file; pass the directory of a run")
-    run_config.check_evaluation(Path(workdir).expanduser(), config)
-    directory = Path(workdir).expanduser() / "checkpoints"
+    run_config.check_evaluation(path, config)
+    directory = path / "checkpoints"
     if ckpt_lib.latest_step_of(directory) is None:
         raise ValueError(
             f"--workdir {workdir} has no checkpoint to evaluate or sample; train there first "
             "(--mode=train) or pass the workdir of a run"
         )
-    task = _build_in(config, workdir, "eval")
+    task = build_task(config, "eval", workdir)  # it has a checkpoint: its kept files bind
     quiet_orbax()
     template = task.make_state(task.init_params(jax.random.PRNGKey(config.seed)))
     ckpt = ckpt_lib.Checkpointer(

@@ -20,7 +20,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from grpo_jax import run_config, sharding, trainer
+from grpo_jax import sharding, trainer
 from grpo_jax import tasks as task_lib
 from grpo_jax.config_blocks import load_config
 
@@ -73,8 +73,7 @@ def run_mesh(config, task, params0, spec, steps):
     else:
         data, vocab, fsdp = spec
         mesh = sharding.make_mesh(_mesh_cfg(data, vocab))
-        batch = task.batch_setting
-        sharding.check_batch(run_config.flat(config)[batch], mesh, batch)
+        trainer.check_task_batch(config, task, mesh)
         step_fn, inputs = task.build(host_params, mesh)
         state = task.make_state(host_params)
         jstep, state, inputs, _ = sharding.jit_step(step_fn, mesh, state, inputs, fsdp, count)

@@ -29,6 +29,8 @@ Evaluation is exact (the policy is a V-way softmax per context, no sampling):
   eval/optimal_true_reward  max_v p(c, v) averaged (the ceiling of eval/true_reward)
 """
 
+import functools
+
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
@@ -268,14 +270,12 @@ def build(config, mode: str = "train", workdir=None) -> Task:  # keeps nothing i
     optim = OptimSpec.from_config(config.optim)
     tx, schedule = make_optimizer(optim, config.train.num_steps, updates_per_step=mu)
 
-    trained_rm = {}  # the reward model depends on the world alone: trained once per task
-
+    @functools.cache  # the reward model depends on the world alone: trained once per task
     def reward_model():
-        if "params" not in trained_rm:
-            key = jax.random.PRNGKey(world_seed + 10_000)
-            trained_rm["params"], pair_acc = train_reward_model(rm, world, key, t.rm)
-            logging.info("toy bandit: reward model pairwise accuracy %.4f", pair_acc)
-        return trained_rm["params"]
+        key = jax.random.PRNGKey(world_seed + 10_000)
+        params, pair_acc = train_reward_model(rm, world, key, t.rm)
+        logging.info("toy bandit: reward model pairwise accuracy %.4f", pair_acc)
+        return params
 
     def build(initial_params, mesh=None):
         rm_params = reward_model() if t.reward == "rm" else None
