@@ -8,6 +8,12 @@ between steps, saves, and raises ``Interrupted``, which the CLI turns into one l
 exit status 128 + signum. A second signal exits at once. The handlers are installed only for
 the duration of a training run and restored afterwards, so importing the library in a
 notebook or another program changes no signal handling.
+
+On several processes the loop stops on ``agreed()`` instead: one process's signal stops every
+process at the same step. A scheduler signals each host at its own moment, or only one host
+when one is preempted; a process that stopped on its own signal would save alone while the
+others waited in the next step's collectives until jax's time-outs aborted them all, without
+the checkpoint.
 """
 
 from __future__ import annotations
@@ -37,6 +43,23 @@ class Interrupted(KeyboardInterrupt):
 def requested() -> int | None:
     """The first signal received since the run started, or None."""
     return _pending[0] if _pending else None
+
+
+def agreed() -> int | None:
+    """The signal every process stops on at this step boundary, or None; every process calls
+    it at the same boundaries. One process: ``requested()``. Several: the first process's
+    signal in a gather of every process's, one int each, so all of them stop together (the
+    processes that received none stop on it too). That gather is the boundary's one extra
+    cross-process collective, on multi-process runs only."""
+    import jax
+    import numpy as np
+    from jax.experimental import multihost_utils
+
+    local = requested()
+    if jax.process_count() == 1:
+        return local
+    seen = np.ravel(multihost_utils.process_allgather(np.int32(local or 0)))
+    return next((int(s) for s in seen if s), None)
 
 
 def _handler(signum, frame):

@@ -122,8 +122,9 @@ def warm_up(config, workdir):
         else:
             logging.info("warm-up: supervised pretraining in %s", target)
             train_and_evaluate(config, str(target), "pretrain")
-            if interrupts.requested() is not None:  # in its last step: stop before GRPO
-                raise interrupts.Interrupted(interrupts.requested(), int(config.pretrain.num_steps))
+            signum = interrupts.agreed()
+            if signum is not None:  # in its last step: stop before GRPO
+                raise interrupts.Interrupted(signum, int(config.pretrain.num_steps))
     return _with_init_from(config, target)
 
 
@@ -258,8 +259,9 @@ def _loop(config, task, tc, jstep, state, inputs, workdir, ckpt, writer):
             if done % tc.checkpoint_every == 0 or done == task.num_steps:
                 ckpt.save(done, state, force=True)
             bar.update(done, **{k: last[k] for k in task.log_keys if k in last})
-            if interrupts.requested() is not None and done < task.num_steps:
-                _stop(ckpt, writer, done, state)  # a finished run ends as one: on_end runs
+            signum = interrupts.agreed() if done < task.num_steps else None
+            if signum is not None:  # a finished run ends as one: on_end runs
+                _stop(ckpt, writer, done, state, signum)
     finally:
         bar.close()
     if task.hooks.on_end is not None and main_process:
@@ -282,7 +284,7 @@ def _logged_from(start: int, config) -> int:
     return -1 if start == 0 and _eval_at_start(config) else start
 
 
-def _stop(ckpt, writer, done, state):
+def _stop(ckpt, writer, done, state, signum):
     """On a signal: save this step (unless the cadence just did), make it durable, flush the
     logs, and raise Interrupted for the CLI's one line and exit status."""
     ckpt.wait()  # the cadence may have just saved this step (asynchronously)
@@ -290,7 +292,7 @@ def _stop(ckpt, writer, done, state):
         ckpt.save(done, state, force=True)
         ckpt.wait()
     writer.flush()
-    raise interrupts.Interrupted(interrupts.requested(), done)
+    raise interrupts.Interrupted(signum, done)
 
 
 def _evaluate(task, params, step, writer, monitor):

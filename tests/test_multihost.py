@@ -15,15 +15,18 @@ import json
 import os
 import re
 import shutil
+import signal
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
 import pytest
 from _sharding_check import run_python
 
+from grpo_jax import checkpoint as ckpt_lib
 from grpo_jax import distributed as dist
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -86,9 +89,10 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def launch(args, env, logs: Path, n: int = 2, timeout: int = 300):
+def launch(args, env, logs: Path, n: int = 2, timeout: int = 300, wait: bool = True):
     """The README's multi-process command, once per process; returns each one's output
-    (stdout + stderr). A process that fails or hangs fails the test, and none is left."""
+    (stdout + stderr). A process that fails or hangs fails the test, and none is left.
+    ``wait=False``: the running processes instead, for ``finish``."""
     port = _free_port()
     logs.mkdir(parents=True, exist_ok=True)
     procs = []
@@ -105,6 +109,17 @@ def launch(args, env, logs: Path, n: int = 2, timeout: int = 300):
                     stderr=subprocess.STDOUT,
                 )
             )
+    if not wait:
+        return procs
+    codes, outputs = finish(procs, logs, timeout)
+    for i, (code, out) in enumerate(zip(codes, outputs, strict=True)):
+        assert code == 0, f"process {i} exited {code}:\n{out[-4000:]}"
+    return outputs
+
+
+def finish(procs, logs: Path, timeout: int):
+    """(exit codes, outputs) of ``launch(..., wait=False)``'s processes; a process still
+    running after ``timeout`` seconds fails the test, and none is left."""
     try:
         codes = [p.wait(timeout=timeout) for p in procs]
     finally:
@@ -112,10 +127,7 @@ def launch(args, env, logs: Path, n: int = 2, timeout: int = 300):
             if p.poll() is None:
                 p.kill()
                 p.wait()
-    outputs = [(logs / f"process{i}.log").read_text() for i in range(n)]
-    for i, (code, out) in enumerate(zip(codes, outputs, strict=True)):
-        assert code == 0, f"process {i} exited {code}:\n{out[-4000:]}"
-    return outputs
+    return codes, [(logs / f"process{i}.log").read_text() for i in range(len(procs))]
 
 
 def _rows(path: Path):
@@ -246,6 +258,31 @@ def test_resume_on_two_processes(one_process, two_processes, env4, tmp_path):
     np.testing.assert_allclose([got[s] for s in ref], [ref[s] for s in ref], atol=TOL)
     assert sorted(int(p.name) for p in (workdir / "checkpoints").iterdir()) == [2, 4]
     assert [r["step"] for r in _rows(workdir / "char_stats.jsonl")] == [3, 4]
+
+
+def test_a_signal_to_one_process_stops_every_process_at_one_step(env4, tmp_path):
+    """A scheduler signals each host at its own moment, or only one (a preempted host): here
+    process 1 alone gets SIGTERM mid-run. Every process stops at the same step, saves it and
+    exits 143 (before interrupts.agreed, process 0 went on into the next step's collectives
+    and both hung until jax's time-outs aborted them, 300 s later, with nothing saved)."""
+    workdir, logs = tmp_path / "run", tmp_path / "logs"
+    args = [*COMMON, *MESH24, "--config.train.num_steps=200", f"--workdir={workdir}"]
+    procs = launch(args, env4, logs, wait=False)
+    metrics = workdir / "metrics.jsonl"
+    deadline = time.monotonic() + 120
+    while not (metrics.exists() and metrics.read_text().count("\n") >= 2):
+        assert procs[1].poll() is None and time.monotonic() < deadline, "ended before the signal"
+        time.sleep(0.05)
+    procs[1].send_signal(signal.SIGTERM)
+    codes, outputs = finish(procs, logs, timeout=120)
+    steps = [
+        re.findall(r"interrupted by SIGTERM at step (\d+): checkpoint saved", out)
+        for out in outputs
+    ]
+    assert codes == [143, 143] and steps[0] == steps[1] and len(steps[0]) == 1, (codes, outputs)
+    step = int(steps[0][0])
+    assert 2 <= step < 200 and ckpt_lib.latest_step_of(workdir / "checkpoints") == step
+    assert max(r["step"] for r in _rows(metrics)) == step
 
 
 def _one_then_two_processes(args, cache, env4, shakespeare_path, tmp_path) -> dict:
