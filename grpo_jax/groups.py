@@ -124,6 +124,13 @@ def adaptive_budget(batch_size: int) -> int:
     return max(1, math.ceil(batch_size / 4))
 
 
+def adaptive_rows(batch_size: int, batch_multiple: int = 1) -> int:
+    """The forced sub-batch's rows: the budget padded with unchosen prompts to a multiple of
+    ``batch_multiple`` (the mesh's data axis), at most the batch (see ``make_collect``)."""
+    budget = adaptive_budget(batch_size)
+    return min(-(-budget // batch_multiple) * batch_multiple, batch_size)
+
+
 def _needed(classes):
     if classes is None:  # a task without token classes (the single-step ones)
         raise ValueError("group.mode=hierarchical needs the task's token classes")
@@ -368,9 +375,8 @@ def make_collect(
         # padding rows turned the forced part's gradient into NaN (B = 4 on data=2, member=2)
         # and the step kept its old state. No device runs more rows than GSPMD's padding gave
         # it. The trainer has checked that the data axis divides b (sharding.check_batch), so
-        # rows <= b; min() only keeps top_k defined for a caller that has not.
-        budget = adaptive_budget(b)
-        rows = min(-(-budget // batch_multiple) * batch_multiple, b)
+        # rows <= b; adaptive_rows' cap only keeps top_k defined for a caller that has not.
+        budget, rows = adaptive_budget(b), adaptive_rows(b, batch_multiple)
         top_ent, idx = jax.lax.top_k(ent, rows)
         chosen = (top_ent > g.entropy_threshold) & (jnp.arange(rows) < budget)
         exhaustive_rows = jnp.zeros((b,), jnp.float32).at[idx].set(chosen.astype(jnp.float32))

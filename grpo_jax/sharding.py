@@ -45,6 +45,8 @@ from jax.experimental import multihost_utils
 from jax.sharding import AxisType, Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
+from grpo_jax import groups
+
 AXES = ("data", "member")
 
 
@@ -320,11 +322,17 @@ def jit_step(step, mesh: Mesh, state, inputs, shard_params: bool = False, wrap=N
 
 
 def per_device_work(config, mesh: Mesh, members_per_prompt: float) -> dict:
-    """Prompts and group members each device rolls out per step (for benchmarks/logs)."""
+    """Prompts and group members each device rolls out per step (for benchmarks/logs).
+    ``members_per_prompt``: the useful ones (groups.members_per_prompt); a device's count
+    includes the padding it runs: the member axis's, and adaptive groups' unchosen rows that
+    pad their forced sub-batch to whole rows per data device."""
     d, v = mesh.shape["data"], mesh.shape["member"]
     b = config.train.batch_size
-    members = members_per_prompt
-    padded = math.ceil(members / v) * v if float(members).is_integer() else members
+    members = run = members_per_prompt
+    if config.group.mode == "adaptive":  # size sampled + the forced rows' share of V each
+        forced = members - config.group.size
+        run = config.group.size + forced * groups.adaptive_rows(b, d) / groups.adaptive_budget(b)
+    padded = math.ceil(run / v) * v if float(run).is_integer() else run
     return {
         "mesh_data": d,
         "mesh_member": v,

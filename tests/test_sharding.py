@@ -58,6 +58,23 @@ def test_single_device_mesh_and_batch_check():
         sharding.check_batch(6, fake)
 
 
+def test_per_device_work_counts_the_rows_each_device_runs():
+    """Adaptive groups at B = 4, V = 65, G = 4: one forced prompt (the budget), whose sub-batch
+    is padded to one row per data device (groups.make_collect). On (data=2) each device rolls
+    out its 2 prompts' 4 sampled members and one forced row of 65: 73, not the useful 40.5."""
+    config = config_dict.ConfigDict(
+        {"train": {"batch_size": 4}, "group": {"mode": "adaptive", "size": 4}}
+    )
+    members = 4 + 1 * 65 / 4  # groups.members_per_prompt: G + budget x V / B
+    mesh = lambda d, v: type("M", (), {"shape": {"data": d, "member": v}})()
+    one, two = (sharding.per_device_work(config, mesh(d, 1), members) for d in (1, 2))
+    assert one["rollouts_per_device"] == 4 * 4 + 65 and one["members_per_prompt"] == members
+    assert two["rollouts_per_device"] == 2 * 4 + 65 and two["prompts_per_device"] == 2
+    config.group.mode = "sampled"  # member padding: G = 4 on member=3 runs 2 per device
+    got = sharding.per_device_work(config, mesh(1, 3), 4)
+    assert got["members_per_prompt_per_device"] == 2 and got["rollouts_per_device"] == 8
+
+
 def test_fsdp_spec():
     P = jax.sharding.PartitionSpec
     assert sharding.fsdp_spec((32, 96), 4) == P(None, "data")  # largest divisible axis
