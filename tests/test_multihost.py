@@ -266,7 +266,8 @@ def test_a_signal_to_one_process_stops_every_process_at_one_step(env4, tmp_path)
     exits 143 (before interrupts.agreed, process 0 went on into the next step's collectives
     and both hung until jax's time-outs aborted them, 300 s later, with nothing saved)."""
     workdir, logs = tmp_path / "run", tmp_path / "logs"
-    args = [*COMMON, *MESH24, "--config.train.num_steps=200", f"--workdir={workdir}"]
+    common = [a for a in COMMON if not a.startswith("--config.train.num_steps=")]
+    args = [*common, *MESH24, "--config.train.num_steps=200", f"--workdir={workdir}"]
     procs = launch(args, env4, logs, wait=False)
     metrics = workdir / "metrics.jsonl"
     deadline = time.monotonic() + 120
