@@ -153,13 +153,13 @@ def completion_length(batch) -> int:
     return max(p.tokens.shape[-1] for p in batch.parts)
 
 
-def per_device(config, task, mesh, peaks, horizon: int) -> dict:
-    """Each device's share of the step's work on a multi-device mesh, and its peak bytes."""
-    # the task's own count (hierarchical groups need its token classes): tokens / (B x H)
-    members = task.tokens_per_step / (config.train.batch_size * horizon)
+def per_device(config, mesh, peaks, batch) -> dict:
+    """Each device's share of the step's work on a multi-device mesh, and its peak bytes;
+    ``batch``: the rollout's output, whose parts' shapes are the rollouts the step runs."""
+    parts = [p.tokens.shape[:2] for p in batch.parts]  # [rows, members] each, padding included
     return {
         "num_devices": mesh.size,
-        **sharding.per_device_work(config, mesh, members),
+        **sharding.per_device_work(mesh, config.train.batch_size, parts),
         "peak_bytes_in_use": peaks,
     }
 
@@ -194,8 +194,7 @@ def record(config, task, state, batch, mesh, n_params, measured: dict) -> dict:
         res["roofline"] = measured["roofline"]
     res["mesh"] = sharding.describe(mesh) if mesh is not None else "none (plain jit)"
     if mesh is not None and jax.device_count() > 1:
-        horizon = completion_length(batch)
-        res["per_device"] = per_device(config, task, mesh, measured["peaks"], horizon)
+        res["per_device"] = per_device(config, mesh, measured["peaks"], batch)
     return res
 
 

@@ -45,8 +45,6 @@ from jax.experimental import multihost_utils
 from jax.sharding import AxisType, Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from grpo_jax import groups
-
 AXES = ("data", "member")
 
 
@@ -321,26 +319,23 @@ def jit_step(step, mesh: Mesh, state, inputs, shard_params: bool = False, wrap=N
     return run, state, inputs, state_sh
 
 
-def per_device_work(config, mesh: Mesh, members_per_prompt: float) -> dict:
-    """Prompts and group members each device rolls out per step (for benchmarks/logs).
-    ``members_per_prompt``: the useful ones (groups.members_per_prompt); a device's count
-    includes the padding it runs: the member axis's, and adaptive groups' unchosen rows that
-    pad their forced sub-batch to whole rows per data device."""
+def per_device_work(mesh: Mesh, batch_size: int, parts) -> dict:
+    """Prompts and group members rolled out per step, in all and per device (benchmarks, logs).
+
+    ``parts``: the rollout's group parts as ``(rows, members)`` (its tokens' leading axes),
+    padding included: adaptive groups pad their forced sub-batch with unchosen prompts to
+    whole rows per data device. The data axis splits each part's rows and the member axis its
+    members, each padded to a multiple of its axis."""
     d, v = mesh.shape["data"], mesh.shape["member"]
-    b = config.train.batch_size
-    members = run = members_per_prompt
-    if config.group.mode == "adaptive":  # size sampled + the forced rows' share of V each
-        forced = members - config.group.size
-        run = config.group.size + forced * groups.adaptive_rows(b, d) / groups.adaptive_budget(b)
-    padded = math.ceil(run / v) * v if float(run).is_integer() else run
+    rollouts = sum(math.ceil(rows / d) * math.ceil(k / v) for rows, k in parts)
     return {
         "mesh_data": d,
         "mesh_member": v,
-        "global_batch": b,
-        "prompts_per_device": b / d,
-        "members_per_prompt": members,
-        "members_per_prompt_per_device": padded / v,
-        "rollouts_per_device": b / d * padded / v,
+        "global_batch": batch_size,
+        "prompts_per_device": batch_size / d,
+        "members_per_prompt": sum(rows * k for rows, k in parts) / batch_size,
+        "members_per_prompt_per_device": rollouts / (batch_size / d),
+        "rollouts_per_device": rollouts,
     }
 
 

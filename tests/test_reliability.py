@@ -206,12 +206,19 @@ def rows_without_timing(workdir):
 
 
 def signal_after(proc, workdir, rows, signum):
-    """Sends ``signum`` once metrics.jsonl has ``rows`` rows (the run is mid-way)."""
+    """Sends ``signum`` once metrics.jsonl has ``rows`` rows (the run is mid-way); a run that
+    ends or stalls before then fails the test, and is not left running."""
     path = Path(workdir) / "metrics.jsonl"
     deadline = time.monotonic() + 120
-    while not (path.exists() and path.read_text().count("\n") >= rows):
-        assert proc.poll() is None and time.monotonic() < deadline, "run ended before the signal"
-        time.sleep(0.05)
+    try:
+        while not (path.exists() and path.read_text().count("\n") >= rows):
+            assert proc.poll() is None, "run ended before the signal"
+            assert time.monotonic() < deadline, f"no {rows} rows in 120 s"
+            time.sleep(0.05)
+    except BaseException:
+        proc.kill()
+        proc.communicate()
+        raise
     proc.send_signal(signum)
 
 

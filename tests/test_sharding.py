@@ -58,20 +58,23 @@ def test_single_device_mesh_and_batch_check():
         sharding.check_batch(6, fake)
 
 
-def test_per_device_work_counts_the_rows_each_device_runs():
-    """Adaptive groups at B = 4, V = 65, G = 4: one forced prompt (the budget), whose sub-batch
-    is padded to one row per data device (groups.make_collect). On (data=2) each device rolls
-    out its 2 prompts' 4 sampled members and one forced row of 65: 73, not the useful 40.5."""
-    config = config_dict.ConfigDict(
-        {"train": {"batch_size": 4}, "group": {"mode": "adaptive", "size": 4}}
-    )
-    members = 4 + 1 * 65 / 4  # groups.members_per_prompt: G + budget x V / B
+def test_per_device_work_counts_the_rollouts_each_device_runs():
+    """Adaptive groups at B = 4, V = 65, G = 4: a sampled part [4, 4] and the forced part, one
+    chosen prompt padded to one row per data device (groups.make_collect): [d, 65]. The data
+    axis splits rows, the member axis members, each padded to its axis. Before, on (data=2)
+    the count was the one-device 4 x 20.25 split in two (40.5), not 2 x 4 + 65."""
     mesh = lambda d, v: type("M", (), {"shape": {"data": d, "member": v}})()
-    one, two = (sharding.per_device_work(config, mesh(d, 1), members) for d in (1, 2))
-    assert one["rollouts_per_device"] == 4 * 4 + 65 and one["members_per_prompt"] == members
-    assert two["rollouts_per_device"] == 2 * 4 + 65 and two["prompts_per_device"] == 2
-    config.group.mode = "sampled"  # member padding: G = 4 on member=3 runs 2 per device
-    got = sharding.per_device_work(config, mesh(1, 3), 4)
+    work = lambda d, v: sharding.per_device_work(mesh(d, v), 4, [(4, 4), (d, 65)])
+    assert work(1, 1)["rollouts_per_device"] == 4 * 4 + 65
+    assert work(1, 1)["members_per_prompt"] == 4 + 65 / 4
+    assert work(2, 1)["rollouts_per_device"] == 2 * 4 + 65
+    assert work(2, 1)["members_per_prompt"] == 4 + 2 * 65 / 4  # the padding row's too
+    assert work(2, 2)["rollouts_per_device"] == 2 * 2 + 33  # 65 members: 33 per device
+    assert work(1, 2)["rollouts_per_device"] == 4 * 2 + 33
+    got = work(2, 2)
+    assert got["prompts_per_device"] == 2 and got["members_per_prompt_per_device"] == 37 / 2
+    # sampled G = 4 on (member=3): 2 members per device
+    got = sharding.per_device_work(mesh(1, 3), 4, [(4, 4)])
     assert got["members_per_prompt_per_device"] == 2 and got["rollouts_per_device"] == 8
 
 
