@@ -1,6 +1,7 @@
-"""Shared pytest fixtures."""
+"""Shared pytest fixtures and helpers."""
 
 import os
+import time
 from pathlib import Path
 
 import jax
@@ -28,6 +29,26 @@ def compilation_cache_dir(tmp_path_factory) -> Path:
     base = tmp_path_factory.getbasetemp()
     root = base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
     return root / "jax_compilation_cache"
+
+
+def signal_after(procs, workdir, rows: int, signum, to=None) -> None:
+    """Sends ``signum`` to ``to`` (default: each of ``procs``, the run's processes) once
+    ``workdir``'s metrics.jsonl has ``rows`` rows, the run mid-way. A run that ends or stalls
+    before then fails the test, and none of its processes is left running."""
+    path = Path(workdir) / "metrics.jsonl"
+    deadline = time.monotonic() + 120
+    try:
+        while not (path.exists() and path.read_text().count("\n") >= rows):
+            assert all(p.poll() is None for p in procs), "run ended before the signal"
+            assert time.monotonic() < deadline, f"no {rows} rows in 120 s"
+            time.sleep(0.05)
+    except BaseException:
+        for p in procs:
+            p.kill()
+            p.communicate()
+        raise
+    for p in procs if to is None else [to]:
+        p.send_signal(signum)
 
 
 @pytest.fixture(scope="module")

@@ -19,12 +19,12 @@ import signal
 import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
 import pytest
 from _sharding_check import run_python
+from conftest import signal_after
 
 from grpo_jax import checkpoint as ckpt_lib
 from grpo_jax import distributed as dist
@@ -123,15 +123,11 @@ def finish(procs, logs: Path, timeout: int):
     try:
         codes = [p.wait(timeout=timeout) for p in procs]
     finally:
-        _kill(procs)
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
     return codes, [(logs / f"process{i}.log").read_text() for i in range(len(procs))]
-
-
-def _kill(procs) -> None:
-    for p in procs:
-        if p.poll() is None:
-            p.kill()
-            p.wait()
 
 
 def _rows(path: Path):
@@ -275,17 +271,7 @@ def test_a_signal_to_one_process_stops_every_process_at_one_step(env4, tmp_path)
     common = [a for a in COMMON if not a.startswith("--config.train.num_steps=")]
     args = [*common, *MESH24, "--config.train.num_steps=200", f"--workdir={workdir}"]
     procs = launch(args, env4, logs, wait=False)
-    metrics = workdir / "metrics.jsonl"
-    deadline = time.monotonic() + 120
-    try:
-        while not (metrics.exists() and metrics.read_text().count("\n") >= 2):
-            assert all(p.poll() is None for p in procs), "a process ended before the signal"
-            assert time.monotonic() < deadline, "no 2 rows in 120 s"
-            time.sleep(0.05)
-    except BaseException:
-        _kill(procs)
-        raise
-    procs[1].send_signal(signal.SIGTERM)
+    signal_after(procs, workdir, 2, signal.SIGTERM, to=procs[1])
     codes, outputs = finish(procs, logs, timeout=120)
     steps = [
         re.findall(r"interrupted by SIGTERM at step (\d+): checkpoint saved", out)
@@ -294,7 +280,7 @@ def test_a_signal_to_one_process_stops_every_process_at_one_step(env4, tmp_path)
     assert codes == [143, 143] and steps[0] == steps[1] and len(steps[0]) == 1, (codes, outputs)
     step = int(steps[0][0])
     assert 2 <= step < 200 and ckpt_lib.latest_step_of(workdir / "checkpoints") == step
-    assert max(r["step"] for r in _rows(metrics)) == step
+    assert max(r["step"] for r in _rows(workdir / "metrics.jsonl")) == step
 
 
 def _one_then_two_processes(args, cache, env4, shakespeare_path, tmp_path) -> dict:

@@ -15,7 +15,6 @@ import shutil
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import jax
@@ -23,7 +22,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from _damage import flip_bit
-from conftest import compilation_cache_dir
+from conftest import compilation_cache_dir, signal_after
 from test_cli import ABSL_LOG_LINE
 
 from grpo_jax import checkpoint as ckpt_lib
@@ -205,23 +204,6 @@ def rows_without_timing(workdir):
     return [{k: v for k, v in r.items() if k not in TIMING} for r in read_metrics(workdir)]
 
 
-def signal_after(proc, workdir, rows, signum):
-    """Sends ``signum`` once metrics.jsonl has ``rows`` rows (the run is mid-way); a run that
-    ends or stalls before then fails the test, and is not left running."""
-    path = Path(workdir) / "metrics.jsonl"
-    deadline = time.monotonic() + 120
-    try:
-        while not (path.exists() and path.read_text().count("\n") >= rows):
-            assert proc.poll() is None, "run ended before the signal"
-            assert time.monotonic() < deadline, f"no {rows} rows in 120 s"
-            time.sleep(0.05)
-    except BaseException:
-        proc.kill()
-        proc.communicate()
-        raise
-    proc.send_signal(signum)
-
-
 def state_digest(workdir, step):
     """The saved state's digests (integrity.py): equal digests = bitwise equal states."""
     path = Path(workdir) / "checkpoints" / str(step) / "integrity" / "metadata"
@@ -240,7 +222,7 @@ def test_sigterm_saves_the_step_and_the_rerun_is_bitwise_uninterrupted(
     tmp_path, env, uninterrupted
 ):
     proc = start(tmp_path, env)
-    signal_after(proc, tmp_path, 30, signal.SIGTERM)
+    signal_after([proc], tmp_path, 30, signal.SIGTERM)
     rc, err = finish(proc)
     assert rc == 143, err
     assert "Traceback" not in err and "Segmentation" not in err
@@ -264,7 +246,7 @@ def test_sigterm_saves_the_step_and_the_rerun_is_bitwise_uninterrupted(
 
 def test_after_sigkill_the_resumed_logs_hold_each_step_once(tmp_path, env, uninterrupted):
     proc = start(tmp_path, env, "--config.train.checkpoint_every=50")
-    signal_after(proc, tmp_path, 120, signal.SIGKILL)
+    signal_after([proc], tmp_path, 120, signal.SIGKILL)
     finish(proc)
     saved = ckpt_lib.latest_step_of(tmp_path / "checkpoints")
     killed_at = read_metrics(tmp_path)[-1]["step"]
