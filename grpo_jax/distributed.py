@@ -21,11 +21,17 @@ Process 0 alone writes the files and console lines that should appear once
 (``is_main_process``): metrics, TensorBoard, samples, a task's hook files, config.json,
 the eval and diagnostics lines. Checkpoints are written by every process (orbax: each
 writes the shards it owns, process 0 commits).
+
+A process that ends on an error leaves through ``leave_on_error``: when every process failed
+at the same point (a non-finite loss, a bad setting) they exit together as before; when the
+error is this process's alone it exits at once instead of waiting for the others, which sit in
+the next collective, in jax's shutdown barrier for 300 s.
 """
 
 from __future__ import annotations
 
 import os
+import sys
 from collections.abc import Mapping, Sequence
 from typing import NamedTuple
 
@@ -177,3 +183,53 @@ def is_main_process() -> bool:
     import jax
 
     return jax.process_index() == 0
+
+
+# How long a failing process waits for the others to fail too before it leaves alone: processes
+# that fail together (a non-finite loss every one of them reads) arrive within a step's host
+# work of each other, seconds at most.
+ERROR_WAIT_S = 10.0
+_LEFT = "grpo_jax/left_alone/"  # key-value directory: the processes that left alone
+
+
+def joined() -> bool:
+    """Whether this process joined a multi-process run (``initialize`` ran)."""
+    jax = sys.modules.get("jax")
+    return jax is not None and jax.distributed.is_initialized()
+
+
+def leave_on_error(message: str, wait_s: float = ERROR_WAIT_S) -> None:
+    """Ends this process (exit status 1) now if its error, ``message``, is its own; returns if
+    every process ended on an error here, or none joined, for the caller's normal exit.
+
+    jax's exit handler shuts the distributed client down through a barrier every process must
+    reach. A process whose error is its own (a reward function, a hook or a disk failing on one
+    host) waited there for 300 s, while the others waited for it in the next step's collective,
+    and then all of them aborted. Here a failing process waits ``wait_s`` at a barrier of its
+    own instead: if every process arrives they failed together, and jax's shutdown is prompt.
+    Otherwise it records its message and exits without jax's shutdown. On CPU the others' gloo
+    collectives then fail at once ("Connection closed by peer"), and they follow without
+    waiting, printing that process's message; over NCCL they wait for jax's heartbeat
+    time-out. When process 0 leaves, the coordinator goes with it and jax aborts the others.
+    A checkpoint this process saved is committed before its error reaches here (``trainer``'s
+    ``finally`` closes the manager)."""
+    if not joined():
+        return
+    from jax._src import distributed as jax_distributed  # the client: no public accessor
+
+    client = jax_distributed.global_state.client
+    left = client.key_value_dir_get(_LEFT)
+    if left:
+        key, message = min(left)  # one, unless several left alone at once
+        print(
+            f"process {key.rsplit('/', 1)[-1]} ended on its own error: {message}", file=sys.stderr
+        )
+    else:
+        try:
+            client.wait_at_barrier("grpo_jax/error_exit", int(wait_s * 1000))
+            return
+        except Exception:  # jax raises a bare JaxRuntimeError (DEADLINE_EXCEEDED)
+            client.key_value_set(f"{_LEFT}{jax_distributed.global_state.process_id}", message)
+    for stream in (sys.stdout, sys.stderr):
+        stream.flush()
+    os._exit(1)

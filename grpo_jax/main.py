@@ -26,6 +26,7 @@ import logging as std_logging
 import os
 import re
 import sys
+import traceback
 
 import ml_collections
 from absl import app, flags, logging
@@ -59,8 +60,10 @@ flags.DEFINE_list(
 
 
 def _fail(message: str):
-    """The CLI's error contract: one line on stderr, exit status 1."""
+    """The CLI's error contract: one line on stderr, exit status 1 (on several processes: at
+    once when the error is this process's alone, see ``dist.leave_on_error``)."""
     print(f"error: {message}", file=sys.stderr)
+    dist.leave_on_error(message)
     sys.exit(1)
 
 
@@ -141,6 +144,13 @@ def main(argv):
         logging.flush()
         print(str(e) or "interrupted by SIGINT", file=sys.stderr)
         sys.exit(getattr(e, "exit_code", 130))
+    except Exception as e:  # not bad input: a bug, or a user's function raising
+        if not dist.joined():
+            raise  # absl prints the traceback
+        traceback.print_exc()
+        logging.flush()
+        dist.leave_on_error(f"{type(e).__name__}: {(str(e).splitlines() or [''])[0]}")
+        sys.exit(1)
 
 
 def _resolve_config_args(argv):

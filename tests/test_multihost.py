@@ -89,10 +89,11 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def launch(args, env, logs: Path, n: int = 2, timeout: int = 300, wait: bool = True):
+def launch(args, env, logs: Path, n=2, timeout=300, wait=True, entry=("-m", "grpo_jax.main")):
     """The README's multi-process command, once per process; returns each one's output
     (stdout + stderr). A process that fails or hangs fails the test, and none is left.
-    ``wait=False``: the running processes instead, for ``finish``."""
+    ``wait=False``: the running processes instead, for ``finish``. ``entry``: what Python
+    runs, the CLI's module by default."""
     port = _free_port()
     logs.mkdir(parents=True, exist_ok=True)
     procs = []
@@ -100,7 +101,7 @@ def launch(args, env, logs: Path, n: int = 2, timeout: int = 300, wait: bool = T
         with open(logs / f"process{i}.log", "w") as log:
             procs.append(
                 subprocess.Popen(
-                    [sys.executable, "-m", "grpo_jax.main", *args, "--config.distributed=True"]
+                    [sys.executable, *entry, *args, "--config.distributed=True"]
                     + [f"--coordinator_address=127.0.0.1:{port}", f"--num_processes={n}"]
                     + [f"--process_id={i}"],
                     cwd=ROOT,
@@ -281,6 +282,48 @@ def test_a_signal_to_one_process_stops_every_process_at_one_step(env4, tmp_path)
     step = int(steps[0][0])
     assert 2 <= step < 200 and ckpt_lib.latest_step_of(workdir / "checkpoints") == step
     assert max(r["step"] for r in _rows(workdir / "metrics.jsonl")) == step
+
+
+# The CLI, raising at the second step boundary on process FAIL_ON ("all": on every process) a
+# RuntimeError (bad input: the CLI's one error line) or a TypeError (a bug: its traceback).
+FAILING_CLI = """
+import os
+from grpo_jax import interrupts, main
+agreed, calls = interrupts.agreed, []
+def failing():
+    import jax
+    calls.append(1)
+    if len(calls) == 2 and os.environ["FAIL_ON"] in ("all", str(jax.process_index())):
+        raise {"RuntimeError": RuntimeError, "TypeError": TypeError}[os.environ["FAIL_AS"]](
+            "injected at step 2")
+    return agreed()
+interrupts.agreed = failing
+main.cli()
+"""
+
+
+@pytest.mark.parametrize("fail_on, fail_as", [("1", "TypeError"), ("all", "RuntimeError")])
+def test_an_error_on_one_process_ends_every_process_at_once(env4, tmp_path, fail_on, fail_as):
+    """An error on process 1 alone (a user's function raising on one host): process 1 exits
+    after dist.ERROR_WAIT_S and process 0, whose collective it broke, at once, printing which
+    process ended and on what error. Before, process 1 waited in jax's shutdown barrier (300 s)
+    for process 0, which waited in the collective, and the test's time-out fired. An error on
+    every process (a non-finite loss) ends each one with its own line, as before."""
+    workdir, logs = tmp_path / "run", tmp_path / "logs"
+    env = {**env4, "FAIL_ON": fail_on, "FAIL_AS": fail_as}
+    args = [*COMMON, *MESH24, f"--workdir={workdir}"]
+    procs = launch(args, env, logs, wait=False, entry=("-c", FAILING_CLI))
+    codes, (out0, out1) = finish(procs, logs, timeout=120)
+    assert codes == [1, 1], (codes, out0[-3000:], out1[-3000:])
+    assert ckpt_lib.latest_step_of(workdir / "checkpoints") == 2  # kept: saved before the error
+    if fail_on == "1":
+        assert "TypeError: injected at step 2" in out1  # its traceback
+        assert "process 1 ended on its own error: TypeError: injected at step 2" in out0
+    else:
+        for out in (out0, out1):
+            assert (
+                out.count("error: injected at step 2") == 1 and "ended on its own error" not in out
+            )
 
 
 def _one_then_two_processes(args, cache, env4, shakespeare_path, tmp_path) -> dict:

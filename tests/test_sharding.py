@@ -26,6 +26,7 @@ from _sharding_check import param_diff, run_python
 ROOT = Path(__file__).resolve().parents[1]
 CHECK = ROOT / "tests" / "_sharding_check.py"
 TOL = 1e-5
+pytestmark = pytest.mark.usefixtures("fast_compiles")  # in-process tests; 8 devices: subprocesses
 
 
 # ------------------------------------------------------------------- mesh-free units

@@ -19,6 +19,8 @@ from grpo_jax.rewards import RewardTerm
 from grpo_jax.specs import EngineSpec
 from grpo_jax.train_state import init_state
 
+pytestmark = pytest.mark.usefixtures("fast_compiles")
+
 B, V = 3, 5
 
 
