@@ -1,5 +1,5 @@
-"""Joining a multi-process run: the launch settings, checked once, then
-``jax.distributed.initialize``.
+"""Joining a multi-process run (the launch settings, checked once, then
+``jax.distributed.initialize``) and leaving it on an error.
 
 A run with ``config.distributed=True`` is one process per host (or per group of devices),
 all running the same program. Each process must learn three things before jax starts its
@@ -22,18 +22,19 @@ Process 0 alone writes the files and console lines that should appear once
 the eval and diagnostics lines. Checkpoints are written by every process (orbax: each
 writes the shards it owns, process 0 commits).
 
-A process that ends on an error leaves through ``leave_on_error``: when every process failed
-at the same point (a non-finite loss, a bad setting) they exit together as before; when the
-error is this process's alone it exits at once instead of waiting for the others, which sit in
-the next collective, in jax's shutdown barrier for 300 s.
+An error raised in the training loop leaves through ``leave_on_error``. If every process
+failed on it (a non-finite loss) they exit together, as before. If it is this process's alone,
+it exits after ``ERROR_WAIT_S`` instead of waiting 300 s in jax's shutdown barrier for the
+others, which wait for it in the next collective.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 from collections.abc import Mapping, Sequence
-from typing import NamedTuple
+from typing import NamedTuple, NoReturn
 
 FLAGS_HINT = "--coordinator_address=HOST:PORT --num_processes=N --process_id=I"
 ENV = {
@@ -185,51 +186,89 @@ def is_main_process() -> bool:
     return jax.process_index() == 0
 
 
-# How long a failing process waits for the others to fail too before it leaves alone: processes
-# that fail together (a non-finite loss every one of them reads) arrive within a step's host
-# work of each other, seconds at most.
+# How long a process that failed in the training loop waits for the others to fail too before
+# it leaves alone. Every step's collectives keep the processes within milliseconds of each other
+# there, so processes that fail together (a non-finite loss) arrive at once.
 ERROR_WAIT_S = 10.0
-_LEFT = "grpo_jax/left_alone/"  # key-value directory: the processes that left alone
+_LEFT = "grpo_jax/left_alone/"  # key-value directory: {process: its error}, who left alone
+_failed_in_loop = False  # an exception left ``training_loop``
+
+
+@contextlib.contextmanager
+def training_loop():
+    """Marks the training loop for ``leave_on_error``. Outside it (building the task, restoring,
+    evaluating, the end of a run) processes need not be in step: one may fail, or finish, many
+    seconds after another, so an error there exits as before, through jax's shutdown barrier."""
+    global _failed_in_loop
+    try:
+        yield
+    except Exception:
+        _failed_in_loop = True
+        raise
 
 
 def joined() -> bool:
-    """Whether this process joined a multi-process run (``initialize`` ran)."""
+    """Whether this process joined a multi-process run (``initialize`` ran). Read from
+    ``sys.modules``: the CLI's early errors come before jax is imported, and importing it just
+    to ask would cost them a second."""
     jax = sys.modules.get("jax")
     return jax is not None and jax.distributed.is_initialized()
 
 
-def leave_on_error(message: str, wait_s: float = ERROR_WAIT_S) -> None:
+def fails_fast() -> bool:
+    """Whether this process's error leaves through ``leave_on_error``: a multi-process run's
+    error raised in its training loop."""
+    return _failed_in_loop and joined()
+
+
+def leave_on_error(message: str) -> None:
     """Ends this process (exit status 1) now if its error, ``message``, is its own; returns if
-    every process ended on an error here, or none joined, for the caller's normal exit.
+    every process failed in the loop together, or ``fails_fast()`` is false, for the caller's
+    normal exit.
 
     jax's exit handler shuts the distributed client down through a barrier every process must
-    reach. A process whose error is its own (a reward function, a hook or a disk failing on one
-    host) waited there for 300 s, while the others waited for it in the next step's collective,
-    and then all of them aborted. Here a failing process waits ``wait_s`` at a barrier of its
-    own instead: if every process arrives they failed together, and jax's shutdown is prompt.
-    Otherwise it records its message and exits without jax's shutdown. On CPU the others' gloo
-    collectives then fail at once ("Connection closed by peer"), and they follow without
-    waiting, printing that process's message; over NCCL they wait for jax's heartbeat
-    time-out. When process 0 leaves, the coordinator goes with it and jax aborts the others.
-    A checkpoint this process saved is committed before its error reaches here (``trainer``'s
-    ``finally`` closes the manager)."""
-    if not joined():
+    reach. A process whose error was its own (a reward function, a hook or a disk failing on one
+    host) waited there 300 s while the others waited for it in the next collective, and then
+    all of them aborted. Here a failing process waits ``ERROR_WAIT_S`` at a barrier of its own:
+    if every process arrives they failed together, and jax's shutdown is prompt. Otherwise it
+    records its message and exits without jax's shutdown. On CPU the others' gloo collective
+    then fails at once ("Connection closed by peer") and they follow (``_follow``); over NCCL
+    they wait for jax's heartbeat time-out. When process 0 leaves alone, the coordinator goes
+    with it and jax aborts the others. Checkpoints: the trainer's ``finally`` closes the
+    manager, which waits for orbax's cross-process commit, before the error reaches here."""
+    if not fails_fast():
         return
     from jax._src import distributed as jax_distributed  # the client: no public accessor
 
-    client = jax_distributed.global_state.client
+    client, me = jax_distributed.global_state.client, jax_distributed.global_state.process_id
     left = client.key_value_dir_get(_LEFT)
     if left:
-        key, message = min(left)  # one, unless several left alone at once
-        print(
-            f"process {key.rsplit('/', 1)[-1]} ended on its own error: {message}", file=sys.stderr
-        )
-    else:
-        try:
-            client.wait_at_barrier("grpo_jax/error_exit", int(wait_s * 1000))
-            return
-        except Exception:  # jax raises a bare JaxRuntimeError (DEADLINE_EXCEEDED)
-            client.key_value_set(f"{_LEFT}{jax_distributed.global_state.process_id}", message)
+        _follow(client, left)
+    try:
+        client.wait_at_barrier("grpo_jax/failed_together", int(ERROR_WAIT_S * 1000))
+        return
+    except Exception:  # jax raises a bare JaxRuntimeError (DEADLINE_EXCEEDED)
+        client.key_value_set(f"{_LEFT}{me}", message)
+        _exit_now()
+
+
+def _follow(client, left) -> NoReturn:
+    """Leaves after a process that left alone, naming it. The survivors leave together:
+    process 0's exit takes the coordinator with it, and jax would abort a survivor still
+    unwinding (a slower checkpoint close) before it printed its line."""
+    gone = {int(key.rsplit("/", 1)[-1]): message for key, message in left}
+    first = min(gone)
+    print(f"process {first} ended on its own error: {gone[first]}", file=sys.stderr)
+    import jax
+
+    survivors = [i for i in range(jax.process_count()) if i not in gone]
+    with contextlib.suppress(Exception):  # a survivor stuck elsewhere: leave anyway
+        client.wait_at_barrier("grpo_jax/followed", int(ERROR_WAIT_S * 1000), survivors)
+    _exit_now()
+
+
+def _exit_now() -> NoReturn:
+    """Exit status 1 without jax's exit handler (its shutdown barrier), output flushed."""
     for stream in (sys.stdout, sys.stderr):
         stream.flush()
     os._exit(1)

@@ -60,8 +60,8 @@ flags.DEFINE_list(
 
 
 def _fail(message: str):
-    """The CLI's error contract: one line on stderr, exit status 1 (on several processes: at
-    once when the error is this process's alone, see ``dist.leave_on_error``)."""
+    """The CLI's error contract: one line on stderr, exit status 1 (on several processes, an
+    error in the training loop that is this process's alone: soon, ``dist.leave_on_error``)."""
     print(f"error: {message}", file=sys.stderr)
     dist.leave_on_error(message)
     sys.exit(1)
@@ -145,7 +145,7 @@ def main(argv):
         print(str(e) or "interrupted by SIGINT", file=sys.stderr)
         sys.exit(getattr(e, "exit_code", 130))
     except Exception as e:  # not bad input: a bug, or a user's function raising
-        if not dist.joined():
+        if not dist.fails_fast():
             raise  # absl prints the traceback
         traceback.print_exc()
         logging.flush()

@@ -7,6 +7,7 @@ key is fold_in(rng, step), the resumed run ends with exactly the parameters an u
 run would.
 """
 
+import contextlib
 import functools
 import json
 import math
@@ -19,7 +20,7 @@ from absl import logging
 
 from grpo_jax import checkpoint as ckpt_lib
 from grpo_jax import diagnostics, integrity, interrupts, run_config, sharding
-from grpo_jax.distributed import is_main_process
+from grpo_jax.distributed import is_main_process, training_loop
 from grpo_jax.metric_writers import MetricWriter, ProgressBar
 from grpo_jax.specs import TrainSpec
 from grpo_jax.tasks import build_task
@@ -230,7 +231,8 @@ def _loop(config, task, tc, jstep, state, inputs, workdir, ckpt, writer):
     if start == 0 and _eval_at_start(config):
         last.update(_evaluate(task, state.params, 0, writer, monitor))
     t_last, steps_since = time.perf_counter(), 0
-    try:
+    # an error in the loop may be one process's alone: distributed.leave_on_error
+    with training_loop(), contextlib.closing(bar):
         for step in range(start, task.num_steps):
             state, metrics = jstep(state, inputs)
             steps_since += 1
@@ -262,8 +264,6 @@ def _loop(config, task, tc, jstep, state, inputs, workdir, ckpt, writer):
             signum = interrupts.agreed() if done < task.num_steps else None
             if signum is not None:  # a finished run ends as one: on_end runs
                 _stop(ckpt, writer, done, state, signum)
-    finally:
-        bar.close()
     if task.hooks.on_end is not None and main_process:
         task.hooks.on_end(workdir)
     return state, last
