@@ -190,21 +190,49 @@ def is_main_process() -> bool:
 # it leaves alone. Every step's collectives keep the processes within milliseconds of each other
 # there, so processes that fail together (a non-finite loss) arrive at once.
 ERROR_WAIT_S = 10.0
+# How long the processes that follow one that left alone wait for each other (their clean-up,
+# e.g. closing a checkpoint or a wandb run) before they leave, process 0 taking the coordinator.
+FOLLOW_WAIT_S = 60.0
 _LEFT = "grpo_jax/left_alone/"  # key-value directory: {process: its error}, who left alone
-_failed_in_loop = False  # an exception left ``training_loop``
+# How the error that left ``training_loop`` ends: None (none, or one process), "together",
+# "alone" or "follow" (another process left alone first).
+_outcome: str | None = None
 
 
 @contextlib.contextmanager
 def training_loop():
-    """Marks the training loop for ``leave_on_error``. Outside it (building the task, restoring,
-    evaluating, the end of a run) processes need not be in step: one may fail, or finish, many
-    seconds after another, so an error there exits as before, through jax's shutdown barrier."""
-    global _failed_in_loop
+    """The training loop, where the processes are in step: an error that leaves it is decided
+    here, at once, as every process's or this one's alone (``leave_on_error`` acts on it after
+    the clean-up, which may take one process much longer than another). Outside it (building the
+    task, restoring, the start-of-run evaluation, ``--mode=eval``, after the run) processes need
+    not be in step, so an error there exits as before, through jax's shutdown barrier."""
+    global _outcome
+    _outcome = None
     try:
         yield
     except Exception:
-        _failed_in_loop = True
+        if joined():
+            _outcome = _decide()
         raise
+
+
+def _client():
+    from jax._src import distributed as jax_distributed  # the client: no public accessor
+
+    return jax_distributed.global_state
+
+
+def _decide() -> str:
+    """ "follow" if a process already left alone (this one's collective broke when it left);
+    else "together" if every process reaches this barrier within ERROR_WAIT_S, "alone" if not."""
+    client = _client().client
+    if client.key_value_dir_get(_LEFT):
+        return "follow"
+    try:
+        client.wait_at_barrier("grpo_jax/failed_together", int(ERROR_WAIT_S * 1000))
+        return "together"
+    except Exception:  # jax raises a bare JaxRuntimeError (DEADLINE_EXCEEDED)
+        return "alone"
 
 
 def joined() -> bool:
@@ -216,54 +244,43 @@ def joined() -> bool:
 
 
 def fails_fast() -> bool:
-    """Whether this process's error leaves through ``leave_on_error``: a multi-process run's
-    error raised in its training loop."""
-    return _failed_in_loop and joined()
+    """Whether this process's error ends through ``leave_on_error`` rather than jax's shutdown:
+    a multi-process run's error, raised in its training loop, that was not every process's."""
+    return _outcome in ("alone", "follow") and joined()
 
 
 def leave_on_error(message: str) -> None:
-    """Ends this process (exit status 1) now if its error, ``message``, is its own; returns if
-    every process failed in the loop together, or ``fails_fast()`` is false, for the caller's
+    """Ends this process (exit status 1) now if ``fails_fast()``; else returns, for the caller's
     normal exit.
 
     jax's exit handler shuts the distributed client down through a barrier every process must
     reach. A process whose error was its own (a reward function, a hook or a disk failing on one
     host) waited there 300 s while the others waited for it in the next collective, and then
-    all of them aborted. Here a failing process waits ``ERROR_WAIT_S`` at a barrier of its own:
-    if every process arrives they failed together, and jax's shutdown is prompt. Otherwise it
-    records its message and exits without jax's shutdown. On CPU the others' gloo collective
-    then fails at once ("Connection closed by peer") and they follow (``_follow``); over NCCL
-    they wait for jax's heartbeat time-out. When process 0 leaves alone, the coordinator goes
-    with it and jax aborts the others. Checkpoints: the trainer's ``finally`` closes the
-    manager, which waits for orbax's cross-process commit, before the error reaches here."""
+    all of them aborted. Instead, a process that failed alone (``training_loop``) records its
+    message and exits without jax's shutdown. On CPU the others' gloo collective then fails at
+    once ("Connection closed by peer") and they follow (``_follow``); over NCCL they wait for
+    jax's heartbeat time-out. When process 0 leaves alone, the coordinator goes with it and jax
+    aborts the others. Checkpoints: the trainer's ``finally`` closes the manager, which waits
+    for orbax's cross-process commit, before the error reaches here."""
     if not fails_fast():
         return
-    from jax._src import distributed as jax_distributed  # the client: no public accessor
-
-    client, me = jax_distributed.global_state.client, jax_distributed.global_state.process_id
-    left = client.key_value_dir_get(_LEFT)
-    if left:
-        _follow(client, left)
-    try:
-        client.wait_at_barrier("grpo_jax/failed_together", int(ERROR_WAIT_S * 1000))
-        return
-    except Exception:  # jax raises a bare JaxRuntimeError (DEADLINE_EXCEEDED)
-        client.key_value_set(f"{_LEFT}{me}", message)
+    state = _client()
+    if _outcome == "alone":
+        state.client.key_value_set(f"{_LEFT}{state.process_id}", message)
         _exit_now()
+    _follow(state.client, state.num_processes)
 
 
-def _follow(client, left) -> NoReturn:
+def _follow(client, num_processes: int) -> NoReturn:
     """Leaves after a process that left alone, naming it. The survivors leave together:
     process 0's exit takes the coordinator with it, and jax would abort a survivor still
-    unwinding (a slower checkpoint close) before it printed its line."""
-    gone = {int(key.rsplit("/", 1)[-1]): message for key, message in left}
+    cleaning up before it printed its line."""
+    gone = {int(k.rsplit("/", 1)[-1]): message for k, message in client.key_value_dir_get(_LEFT)}
     first = min(gone)
     print(f"process {first} ended on its own error: {gone[first]}", file=sys.stderr)
-    import jax
-
-    survivors = [i for i in range(jax.process_count()) if i not in gone]
+    survivors = [i for i in range(num_processes) if i not in gone]
     with contextlib.suppress(Exception):  # a survivor stuck elsewhere: leave anyway
-        client.wait_at_barrier("grpo_jax/followed", int(ERROR_WAIT_S * 1000), survivors)
+        client.wait_at_barrier("grpo_jax/followed", int(FOLLOW_WAIT_S * 1000), survivors)
     _exit_now()
 
 

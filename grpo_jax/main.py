@@ -61,7 +61,8 @@ flags.DEFINE_list(
 
 def _fail(message: str):
     """The CLI's error contract: one line on stderr, exit status 1 (on several processes, an
-    error in the training loop that is this process's alone: soon, ``dist.leave_on_error``)."""
+    error in the training loop that was not every process's: without jax's shutdown barrier,
+    ``dist.leave_on_error``)."""
     print(f"error: {message}", file=sys.stderr)
     dist.leave_on_error(message)
     sys.exit(1)

@@ -261,8 +261,10 @@ def _loop(config, task, tc, jstep, state, inputs, workdir, ckpt, writer):
             if done % tc.checkpoint_every == 0 or done == task.num_steps:
                 ckpt.save(done, state, force=True)
             bar.update(done, **{k: last[k] for k in task.log_keys if k in last})
-            signum = interrupts.agreed() if done < task.num_steps else None
-            if signum is not None:  # a finished run ends as one: on_end runs
+            # The last step gathers too: a process failing alone after its checkpoint then finds
+            # the others waiting here (distributed.training_loop), not finished.
+            signum = interrupts.agreed()
+            if signum is not None and done < task.num_steps:  # a finished run ends as one
                 _stop(ckpt, writer, done, state, signum)
     if task.hooks.on_end is not None and main_process:
         task.hooks.on_end(workdir)

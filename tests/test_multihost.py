@@ -285,54 +285,55 @@ def test_a_signal_to_one_process_stops_every_process_at_one_step(env4, tmp_path)
 
 
 # The CLI with an injected error on process FAIL_ON ("all": every process): a RuntimeError (bad
-# input: the CLI's one error line) or a TypeError (a bug: its traceback), raised at the training
-# loop's second step boundary (FAIL_AT=loop) or once the run has ended (FAIL_AT=end).
+# input: the CLI's one error line) or a TypeError (a bug: its traceback), raised in the training
+# loop as step FAIL_AT ends (after its checkpoint, before its step boundary's gather), or
+# FAIL_AT=end: once the run has ended.
 FAILING_CLI = """
 import os
-from grpo_jax import interrupts, main, trainer
+from grpo_jax import main, metric_writers, trainer
 def fail():
     import jax
     if os.environ["FAIL_ON"] in ("all", str(jax.process_index())):
         raise {"RuntimeError": RuntimeError, "TypeError": TypeError}[os.environ["FAIL_AS"]](
             "injected")
-agreed, loop, calls = interrupts.agreed, trainer._loop, []
-def failing_agreed():
-    calls.append(1)
-    if len(calls) == 2 and os.environ["FAIL_AT"] == "loop":
+update, loop = metric_writers.ProgressBar.update, trainer._loop
+def failing_update(self, step, **figures):
+    if str(step) == os.environ["FAIL_AT"]:
         fail()
-    return agreed()
+    return update(self, step, **figures)
 def failing_loop(*args):
     out = loop(*args)
     if os.environ["FAIL_AT"] == "end":
         fail()
     return out
-interrupts.agreed, trainer._loop = failing_agreed, failing_loop
+metric_writers.ProgressBar.update, trainer._loop = failing_update, failing_loop
 main.cli()
 """
 
 
 @pytest.mark.parametrize(
     "fail_on, fail_as, fail_at",
-    [("1", "TypeError", "loop"), ("all", "RuntimeError", "loop"), ("1", "RuntimeError", "end")],
+    [("1", "TypeError", "4"), ("all", "RuntimeError", "2"), ("1", "RuntimeError", "end")],
 )
 def test_an_error_on_one_process_ends_every_process_at_once(
     env4, tmp_path, fail_on, fail_as, fail_at
 ):
     """An error on process 1 alone in the training loop (a user's function raising on one
-    host): process 1 exits after dist.ERROR_WAIT_S, and process 0, whose collective it broke,
-    at once, naming process 1 and its error. Before, process 1 waited 300 s in jax's shutdown
-    barrier for process 0, which waited for it in the collective: the first case fails on
-    that code by the test's time-out. An error on every process (a non-finite loss) ends each
-    with its own line. An error outside the loop exits as before, through jax's shutdown
-    barrier, which the other process reaches when its run ends: it exits 0, not killed by
-    jax's heartbeat time-out (100 s) as when the erring process left without that barrier."""
+    host), here in the last step after its checkpoint: process 1 exits after
+    dist.ERROR_WAIT_S, and process 0, waiting for it in the step's gather, at once, naming
+    process 1 and its error. Before, process 1 waited 300 s in jax's shutdown barrier for
+    process 0, which waited for it in the collective; or, with no gather after the last step,
+    process 0 finished and jax's heartbeat time-out killed it 100 s later. An error on every
+    process (a non-finite loss) ends each with its own line. An error outside the loop exits
+    as before, through jax's shutdown barrier, which the other process reaches when its run
+    ends: it exits 0."""
     workdir, logs = tmp_path / "run", tmp_path / "logs"
     env = {**env4, "FAIL_ON": fail_on, "FAIL_AS": fail_as, "FAIL_AT": fail_at}
     args = [*COMMON, *MESH24, f"--workdir={workdir}"]
     procs = launch(args, env, logs, wait=False, entry=("-c", FAILING_CLI))
     codes, (out0, out1) = finish(procs, logs, timeout=120)
     assert codes == ([0, 1] if fail_at == "end" else [1, 1]), (codes, out0[-3000:], out1[-3000:])
-    kept = 4 if fail_at == "end" else 2  # saved before the error
+    kept = 2 if fail_at == "2" else 4  # saved before the error
     assert ckpt_lib.latest_step_of(workdir / "checkpoints") == kept
     if fail_as == "TypeError":
         assert "TypeError: injected" in out1  # its traceback
