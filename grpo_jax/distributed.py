@@ -216,8 +216,9 @@ def training_loop():
         raise
 
 
-def _client():
-    from jax._src import distributed as jax_distributed  # the client: no public accessor
+def _jax_state():
+    """jax's distributed state (its client, process id and count): no public accessor."""
+    from jax._src import distributed as jax_distributed
 
     return jax_distributed.global_state
 
@@ -225,7 +226,7 @@ def _client():
 def _decide() -> str:
     """ "follow" if a process already left alone (this one's collective broke when it left);
     else "together" if every process reaches this barrier within ERROR_WAIT_S, "alone" if not."""
-    client = _client().client
+    client = _jax_state().client
     if client.key_value_dir_get(_LEFT):
         return "follow"
     try:
@@ -245,8 +246,9 @@ def joined() -> bool:
 
 def fails_fast() -> bool:
     """Whether this process's error ends through ``leave_on_error`` rather than jax's shutdown:
-    a multi-process run's error, raised in its training loop, that was not every process's."""
-    return _outcome in ("alone", "follow") and joined()
+    a multi-process run's error, raised in its training loop, that was not every process's
+    (``training_loop`` decides only in a joined run)."""
+    return _outcome in ("alone", "follow")
 
 
 def leave_on_error(message: str) -> None:
@@ -264,7 +266,7 @@ def leave_on_error(message: str) -> None:
     for orbax's cross-process commit, before the error reaches here."""
     if not fails_fast():
         return
-    state = _client()
+    state = _jax_state()
     if _outcome == "alone":
         state.client.key_value_set(f"{_LEFT}{state.process_id}", message)
         _exit_now()

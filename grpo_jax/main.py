@@ -68,6 +68,11 @@ def _fail(message: str):
     sys.exit(1)
 
 
+def _first_line(e: BaseException) -> str:
+    """What the CLI prints of an error: jax's and tensorstore's messages run to many lines."""
+    return (str(e).splitlines() or [""])[0]
+
+
 def _parse_flags(argv):
     """absl's parser, but a bad flag (e.g. get_config() raising on an unknown variant) ends
     in one line instead of absl's multi-line "FATAL Flags parsing error" with a traceback."""
@@ -140,7 +145,7 @@ def main(argv):
     except (ValueError, FileNotFoundError, RuntimeError) as e:
         # Bad input: one line, non-zero exit, nothing destroyed (see checkpoint.py).
         logging.flush()
-        _fail(str(e).splitlines()[0] if str(e) else type(e).__name__)
+        _fail(_first_line(e) or type(e).__name__)
     except KeyboardInterrupt as e:  # interrupts.Interrupted: the step is saved; 128 + signum
         logging.flush()
         print(str(e) or "interrupted by SIGINT", file=sys.stderr)
@@ -150,7 +155,7 @@ def main(argv):
             raise  # absl prints the traceback
         traceback.print_exc()
         logging.flush()
-        dist.leave_on_error(f"{type(e).__name__}: {(str(e).splitlines() or [''])[0]}")
+        dist.leave_on_error(f"{type(e).__name__}: {_first_line(e)}")
         sys.exit(1)
 
 
@@ -178,7 +183,7 @@ def _checked_config(value: str) -> str:
     except (ValueError, FileNotFoundError):
         raise  # the config file's own one-line message (an unknown variant, ...)
     except Exception as e:
-        first = (str(e).splitlines() or [""])[0]
+        first = _first_line(e)
         raise ValueError(f"config file {path} does not load: {type(e).__name__}: {first}") from e
     if not isinstance(config, ml_collections.ConfigDict):
         raise ValueError(
@@ -263,12 +268,12 @@ def cli():
     try:
         argv = _resolve_config_args(argv)
     except (ValueError, FileNotFoundError) as e:
-        _fail(str(e).splitlines()[0])
+        _fail(_first_line(e))
     try:
         app.run(main, argv=argv, flags_parser=_parse_flags)
     except Exception as e:  # a config file's get_config() raising (unknown variant, ...)
         if isinstance(e, ValueError | FileNotFoundError):
-            print(f"error: {str(e).splitlines()[0]}", file=sys.stderr)
+            print(f"error: {_first_line(e)}", file=sys.stderr)
             sys.exit(1)
         raise
 
