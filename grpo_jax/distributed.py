@@ -22,10 +22,10 @@ Process 0 alone writes the files and console lines that should appear once
 the eval and diagnostics lines. Checkpoints are written by every process (orbax: each
 writes the shards it owns, process 0 commits).
 
-An error raised in the training loop leaves through ``leave_on_error``. If every process
-failed on it (a non-finite loss) they exit together, as before. If it is this process's alone,
-it exits after ``ERROR_WAIT_S`` instead of waiting 300 s in jax's shutdown barrier for the
-others, which wait for it in the next collective.
+An error raised in the training loop (a ``sys.exit`` too) leaves through ``leave_on_error``.
+If every process failed on it (a non-finite loss) they exit together, as before. If it is this
+process's alone, it exits after ``ERROR_WAIT_S`` instead of waiting 300 s in jax's shutdown
+barrier for the others, which wait for it in the next collective.
 """
 
 from __future__ import annotations
@@ -205,12 +205,14 @@ def training_loop():
     here, at once, as every process's or this one's alone (``leave_on_error`` acts on it after
     the clean-up, which may take one process much longer than another). Outside it (building the
     task, restoring, the start-of-run evaluation, ``--mode=eval``, after the run) processes need
-    not be in step, so an error there exits as before, through jax's shutdown barrier."""
+    not be in step, so an error there exits as before, through jax's shutdown barrier. A
+    ``SystemExit`` (a user's hook calling ``sys.exit``) counts as an error: on one process alone
+    it would hold every process in that barrier too."""
     global _outcome
     _outcome = None
     try:
         yield
-    except Exception:
+    except (Exception, SystemExit):
         if joined():
             _outcome = _decide()
         raise

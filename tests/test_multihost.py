@@ -19,6 +19,7 @@ import signal
 import socket
 import subprocess
 import sys
+import types
 from pathlib import Path
 
 import numpy as np
@@ -28,6 +29,7 @@ from conftest import signal_after
 
 from grpo_jax import checkpoint as ckpt_lib
 from grpo_jax import distributed as dist
+from grpo_jax import main
 
 ROOT = Path(__file__).resolve().parents[1]
 CHECK = ROOT / "tests" / "_sharding_check.py"
@@ -342,6 +344,36 @@ def test_an_error_on_one_process_ends_every_process_at_once(
         for out in (out0, out1) if fail_on == "all" else (out1,):
             assert out.count("error: injected") == 1
         assert "ended on its own error" not in out0 + out1
+
+
+@pytest.mark.parametrize(
+    "decided, left", [("alone", ["SystemExit: a hook gave up"]), ("together", [])]
+)
+def test_sys_exit_in_the_loop_is_decided_as_an_error(monkeypatch, capsys, decided, left):
+    """A user's hook calling ``sys.exit`` in the training loop: on one process alone it leaves
+    as an error does (training_loop decides, main ends it through leave_on_error, traceback
+    first); on every process it exits as asked, through jax's shutdown barrier. Before, only an
+    Exception was decided: process 1 calling sys.exit alone at step 4 (the in-loop case above)
+    held both processes 316 s, and then both aborted (SIGABRT). The decision and the exit are
+    the ones the cases above run across processes; here they are stubbed, in this process."""
+    got = []
+
+    def run(config, workdir, mode, launch):
+        with dist.training_loop():
+            sys.exit("a hook gave up")
+
+    flag_values = dict(coordinator_address=None, num_processes=None, process_id=None)
+    flag_values.update(local_device_ids=None, mode="train", config=None, workdir="unused")
+    monkeypatch.setattr(main, "FLAGS", types.SimpleNamespace(**flag_values))
+    monkeypatch.setattr(main, "run", run)
+    monkeypatch.setattr(dist, "joined", lambda: True)
+    monkeypatch.setattr(dist, "_decide", lambda: decided)
+    monkeypatch.setattr(dist, "_outcome", None)
+    monkeypatch.setattr(dist, "leave_on_error", got.append)  # the real one exits the process
+    with pytest.raises(SystemExit) as exit_:
+        main.main(["grpo-jax"])
+    assert exit_.value.code == "a hook gave up" and got == left
+    assert ('sys.exit("a hook gave up")' in capsys.readouterr().err) == bool(left)
 
 
 def _one_then_two_processes(args, cache, env4, shakespeare_path, tmp_path) -> dict:
