@@ -25,7 +25,9 @@ writes the shards it owns, process 0 commits).
 An error raised in the training loop (a ``sys.exit`` too) leaves through ``leave_on_error``.
 If every process failed on it (a non-finite loss) they exit together, as before. If it is this
 process's alone, it exits after ``ERROR_WAIT_S`` instead of waiting 300 s in jax's shutdown
-barrier for the others, which wait for it in the next collective.
+barrier for the others, which wait for it in the next collective. An error in process 0's own
+work (hooks, metric writers) is held to the step's gather instead (``HeldError``): process 0
+leaving alone would take jax's coordination service with it.
 """
 
 from __future__ import annotations
@@ -216,6 +218,36 @@ def training_loop():
         if joined():
             _outcome = _decide()
         raise
+
+
+class HeldError:
+    """An error in process 0's own work in the training loop (a task's hook, the metric
+    writers: a disk, W&B's network), held until the step's gather so that every process stops
+    on it together. Raised at once, it would end process 0 alone, and process 0 runs jax's
+    coordination service: jax aborts the others when it goes (SIGABRT). Held, process 0
+    finishes the step (its evaluation and checkpoint are collectives the others are in), and
+    after the gather (``interrupts.agreed(failed=...)``) every process raises: process 0 its
+    error, the others a RuntimeError naming it. Outside a multi-process run it raises at once."""
+
+    def __init__(self):
+        self.error: Exception | None = None
+
+    @contextlib.contextmanager
+    def hold(self):
+        try:
+            yield
+        except Exception as e:
+            if not joined():
+                raise
+            self.error = self.error or e  # the step's first: what went wrong, not what followed
+
+    def raise_held(self, step: int) -> NoReturn:
+        if self.error is not None:
+            raise self.error
+        raise RuntimeError(
+            f"process 0 stopped on an error at step {step} (a hook or a metric writer); its "
+            "output shows it"
+        )
 
 
 def _jax_state():

@@ -20,7 +20,7 @@ from absl import logging
 
 from grpo_jax import checkpoint as ckpt_lib
 from grpo_jax import diagnostics, integrity, interrupts, run_config, sharding
-from grpo_jax.distributed import is_main_process, training_loop
+from grpo_jax.distributed import HeldError, is_main_process, training_loop
 from grpo_jax.metric_writers import MetricWriter, ProgressBar
 from grpo_jax.specs import TrainSpec
 from grpo_jax.tasks import build_task
@@ -231,6 +231,7 @@ def _loop(config, task, tc, jstep, state, inputs, workdir, ckpt, writer):
     if start == 0 and _eval_at_start(config):
         last.update(_evaluate(task, state.params, 0, writer, monitor))
     t_last, steps_since = time.perf_counter(), 0
+    held = HeldError()  # an error in process 0's own work: every process stops on it together
     # an error in the loop may be one process's alone: distributed.leave_on_error
     with training_loop(), contextlib.closing(bar):
         for step in range(start, task.num_steps):
@@ -241,14 +242,16 @@ def _loop(config, task, tc, jstep, state, inputs, workdir, ckpt, writer):
             if not math.isfinite(loss):
                 raise NonFiniteLossError(_non_finite(loss, done, ckpt.latest_step()))
             if task.hooks.on_step is not None and main_process:
-                task.hooks.on_step(workdir, done, metrics)
+                with held.hold():
+                    task.hooks.on_step(workdir, done, metrics)
             if done % tc.log_every == 0 or done == task.num_steps:
                 jax.block_until_ready(state.params)
                 dt = time.perf_counter() - t_last
                 host = {k: float(v) for k, v in jax.device_get(metrics).items() if v.ndim == 0}
                 host["tokens_per_s"] = task.tokens_per_step * steps_since / max(dt, 1e-9)
                 host["step_time_s"] = dt / steps_since
-                writer.write_scalars(done, host)
+                with held.hold():
+                    writer.write_scalars(done, host)
                 last.update(host)
                 for warning in monitor.update(done, host):
                     if main_process:
@@ -256,14 +259,16 @@ def _loop(config, task, tc, jstep, state, inputs, workdir, ckpt, writer):
                 t_last, steps_since = time.perf_counter(), 0
             if done % tc.eval_every == 0 or done == task.num_steps:
                 t_eval = time.perf_counter()
-                last.update(_evaluate(task, state.params, done, writer, monitor))
+                last.update(_evaluate(task, state.params, done, writer, monitor, held.hold))
                 t_last += time.perf_counter() - t_eval  # keep eval time out of tokens_per_s
             if done % tc.checkpoint_every == 0 or done == task.num_steps:
                 ckpt.save(done, state, force=True)
             bar.update(done, **{k: last[k] for k in task.log_keys if k in last})
             # The last step gathers too: a process failing alone after its checkpoint then finds
             # the others waiting here (distributed.training_loop), not finished.
-            signum = interrupts.agreed()
+            signum = interrupts.agreed(failed=held.error is not None)
+            if signum == interrupts.FAILED:
+                held.raise_held(done)
             if signum is not None and done < task.num_steps:  # a finished run ends as one
                 _stop(ckpt, writer, done, state, signum)
     if task.hooks.on_end is not None and main_process:
@@ -297,10 +302,11 @@ def _stop(ckpt, writer, done, state, signum):
     raise interrupts.Interrupted(signum, done)
 
 
-def _evaluate(task, params, step, writer, monitor):
+def _evaluate(task, params, step, writer, monitor, hold=contextlib.nullcontext):
     scalars, texts = task.evaluate(params)  # on every process: one program over the mesh
-    writer.write_scalars(step, scalars)  # the writer is a no-op outside process 0
-    writer.write_text(step, "samples", texts["samples"])
+    with hold():  # the writer is a no-op outside process 0
+        writer.write_scalars(step, scalars)
+        writer.write_text(step, "samples", texts["samples"])
     warnings = monitor.update(step, scalars)
     if not is_main_process():
         return scalars

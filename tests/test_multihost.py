@@ -299,26 +299,37 @@ def fail():
         raise {"RuntimeError": RuntimeError, "TypeError": TypeError}[os.environ["FAIL_AS"]](
             "injected")
 update, loop = metric_writers.ProgressBar.update, trainer._loop
+write = metric_writers.MetricWriter.write_scalars
 def failing_update(self, step, **figures):
-    if str(step) == os.environ["FAIL_AT"]:
+    if os.environ["FAIL_IN"] == "bar" and str(step) == os.environ["FAIL_AT"]:
         fail()
     return update(self, step, **figures)
+def failing_write(self, step, scalars):  # process 0's own work: its metric writer
+    if os.environ["FAIL_IN"] == "writer" and str(step) == os.environ["FAIL_AT"]:
+        fail()
+    return write(self, step, scalars)
 def failing_loop(*args):
     out = loop(*args)
     if os.environ["FAIL_AT"] == "end":
         fail()
     return out
 metric_writers.ProgressBar.update, trainer._loop = failing_update, failing_loop
+metric_writers.MetricWriter.write_scalars = failing_write
 main.cli()
 """
 
 
 @pytest.mark.parametrize(
-    "fail_on, fail_as, fail_at",
-    [("1", "TypeError", "4"), ("all", "RuntimeError", "2"), ("1", "RuntimeError", "end")],
+    "fail_on, fail_as, fail_at, fail_in",
+    [
+        ("1", "TypeError", "4", "bar"),
+        ("all", "RuntimeError", "2", "bar"),
+        ("1", "RuntimeError", "end", "bar"),
+        ("0", "TypeError", "2", "writer"),
+    ],
 )
 def test_an_error_on_one_process_ends_every_process_at_once(
-    env4, tmp_path, fail_on, fail_as, fail_at
+    env4, tmp_path, fail_on, fail_as, fail_at, fail_in
 ):
     """An error on process 1 alone in the training loop (a user's function raising on one
     host), here in the last step after its checkpoint: process 1 exits after
@@ -328,16 +339,23 @@ def test_an_error_on_one_process_ends_every_process_at_once(
     process 0 finished and jax's heartbeat time-out killed it 100 s later. An error on every
     process (a non-finite loss) ends each with its own line. An error outside the loop exits
     as before, through jax's shutdown barrier, which the other process reaches when its run
-    ends: it exits 0."""
+    ends: it exits 0. An error in process 0's own work (its metric writer, a task's hook) is
+    held to the step's gather, the step and its checkpoint finished, and every process stops
+    there together: process 0 leaving alone took jax's coordination service with it, and jax
+    aborted process 1 (SIGABRT)."""
     workdir, logs = tmp_path / "run", tmp_path / "logs"
-    env = {**env4, "FAIL_ON": fail_on, "FAIL_AS": fail_as, "FAIL_AT": fail_at}
+    env = {**env4, "FAIL_ON": fail_on, "FAIL_AS": fail_as, "FAIL_AT": fail_at, "FAIL_IN": fail_in}
     args = [*COMMON, *MESH24, f"--workdir={workdir}"]
     procs = launch(args, env, logs, wait=False, entry=("-c", FAILING_CLI))
     codes, (out0, out1) = finish(procs, logs, timeout=120)
     assert codes == ([0, 1] if fail_at == "end" else [1, 1]), (codes, out0[-3000:], out1[-3000:])
     kept = 2 if fail_at == "2" else 4  # saved before the error
     assert ckpt_lib.latest_step_of(workdir / "checkpoints") == kept
-    if fail_as == "TypeError":
+    if fail_in == "writer":
+        assert "TypeError: injected" in out0  # its traceback
+        assert "error: process 0 stopped on an error at step 2" in out1
+        assert "ended on its own error" not in out0 + out1
+    elif fail_as == "TypeError":
         assert "TypeError: injected" in out1  # its traceback
         assert "process 1 ended on its own error: TypeError: injected" in out0
     else:
@@ -374,6 +392,23 @@ def test_sys_exit_in_the_loop_is_decided_as_an_error(monkeypatch, capsys, decide
         main.main(["grpo-jax"])
     assert exit_.value.code == "a hook gave up" and got == left
     assert ('sys.exit("a hook gave up")' in capsys.readouterr().err) == bool(left)
+
+
+def test_a_held_error_is_the_first_and_only_held_on_several_processes(monkeypatch):
+    """distributed.HeldError: on one process an error in process 0's own work raises at once,
+    as before; joined, the step's first is held (the writer's, not what failed after it) and
+    raised after the gather, and a process holding none raises one naming process 0."""
+    held = dist.HeldError()
+    with pytest.raises(OSError, match="disk full"), held.hold():
+        raise OSError("disk full")
+    monkeypatch.setattr(dist, "joined", lambda: True)
+    for message in ("disk full", "a hook failed after it"):
+        with held.hold():
+            raise OSError(message)
+    with pytest.raises(OSError, match="^disk full$"):
+        held.raise_held(3)
+    with pytest.raises(RuntimeError, match="^process 0 stopped on an error at step 3 "):
+        dist.HeldError().raise_held(3)
 
 
 def _one_then_two_processes(args, cache, env4, shakespeare_path, tmp_path) -> dict:

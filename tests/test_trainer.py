@@ -234,7 +234,7 @@ def test_step_time_counts_every_step_and_no_evaluation(tmp_path, shakespeare_pat
 
         return (timed, *rest)
 
-    def evaluate(task, params, step, writer, monitor):
+    def evaluate(task, params, step, writer, monitor, hold=None):
         clock[0] += 100.0
         return {}
 
