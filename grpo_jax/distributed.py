@@ -26,8 +26,8 @@ An error raised in the training loop (a ``sys.exit`` too) leaves through ``leave
 If every process failed on it (a non-finite loss) they exit together, as before. If it is this
 process's alone, it exits after ``ERROR_WAIT_S`` instead of waiting 300 s in jax's shutdown
 barrier for the others, which wait for it in the next collective. An error in process 0's own
-work (hooks, metric writers) is held to the step's gather instead (``HeldError``): process 0
-leaving alone would take jax's coordination service with it.
+work (hooks, metric writers) is held to the end of the step's collectives instead
+(``HeldError``): process 0 leaving alone would take jax's coordination service with it.
 """
 
 from __future__ import annotations
@@ -208,8 +208,8 @@ def training_loop():
     the clean-up, which may take one process much longer than another). Outside it (building the
     task, restoring, the start-of-run evaluation, ``--mode=eval``, after the run) processes need
     not be in step, so an error there exits as before, through jax's shutdown barrier. A
-    ``SystemExit`` (a user's hook calling ``sys.exit``) counts as an error: on one process alone
-    it would hold every process in that barrier too."""
+    ``SystemExit`` (a user's function calling ``sys.exit``) counts as an error: on one process
+    alone it would hold every process in that barrier too."""
     global _outcome
     _outcome = None
     try:
@@ -222,32 +222,49 @@ def training_loop():
 
 class HeldError:
     """An error in process 0's own work in the training loop (a task's hook, the metric
-    writers: a disk, W&B's network), held until the step's gather so that every process stops
-    on it together. Raised at once, it would end process 0 alone, and process 0 runs jax's
-    coordination service: jax aborts the others when it goes (SIGABRT). Held, process 0
-    finishes the step (its evaluation and checkpoint are collectives the others are in), and
-    after the gather (``interrupts.agreed(failed=...)``) every process raises: process 0 its
-    error, the others a RuntimeError naming it. Outside a multi-process run it raises at once."""
+    writers: a disk, W&B's network; a ``sys.exit`` in a hook too), held to the end of the
+    step's collectives so that every process stops on it together. Raised at once, it would
+    end process 0 alone, and process 0 runs jax's coordination service: jax aborts the others
+    when it goes (SIGABRT). Held, process 0 finishes the step's evaluation, whose collectives
+    the others are in; then ``check`` (one gather of a flag) raises on every process, before
+    the step's checkpoint, as one process raises before it: process 0 its error, the others a
+    RuntimeError naming it. With one process it raises at once."""
 
     def __init__(self):
-        self.error: Exception | None = None
+        self.error: BaseException | None = None
 
     @contextlib.contextmanager
     def hold(self):
         try:
             yield
-        except Exception as e:
-            if not joined():
+        except (Exception, SystemExit) as e:
+            if not _several():
                 raise
-            self.error = self.error or e  # the step's first: what went wrong, not what followed
+            if self.error is None:  # the step's first: what went wrong, not what followed
+                self.error = e
 
-    def raise_held(self, step: int) -> NoReturn:
+    def check(self, step: int) -> None:
+        """Raises if any process holds an error at this step (every process calls it at the
+        same boundary). One process: nothing to gather, nothing is ever held."""
+        if not _several():
+            return
+        import numpy as np
+        from jax.experimental import multihost_utils
+
+        held = np.int32(self.error is not None)
+        if not np.any(multihost_utils.process_allgather(held)):
+            return
         if self.error is not None:
             raise self.error
         raise RuntimeError(
             f"process 0 stopped on an error at step {step} (a hook or a metric writer); its "
             "output shows it"
         )
+
+
+def _several() -> bool:
+    """A joined run of more than one process (a one-process distributed run holds nothing)."""
+    return joined() and sys.modules["jax"].process_count() > 1
 
 
 def _jax_state():

@@ -45,16 +45,12 @@ def requested() -> int | None:
     return _pending[0] if _pending else None
 
 
-FAILED = -1  # agreed()'s answer when a process holds an error (distributed.HeldError)
-
-
-def agreed(failed: bool = False) -> int | None:
+def agreed() -> int | None:
     """The signal every process stops on at this step boundary, or None; every process calls
     it at the same boundaries. One process: ``requested()``. Several: the first process's
     signal in a gather of every process's, one int each, so all of them stop together (the
     processes that received none stop on it too). That gather is the boundary's one extra
-    cross-process collective, on multi-process runs only. ``failed``: this process holds an
-    error of its own work; if any process does, every process gets FAILED instead."""
+    cross-process collective, on multi-process runs only."""
     import jax
     import numpy as np
     from jax.experimental import multihost_utils
@@ -62,10 +58,7 @@ def agreed(failed: bool = False) -> int | None:
     local = requested()
     if jax.process_count() == 1:
         return local
-    mine = FAILED if failed else local or 0
-    seen = np.ravel(multihost_utils.process_allgather(np.int32(mine)))
-    if FAILED in seen:
-        return FAILED
+    seen = np.ravel(multihost_utils.process_allgather(np.int32(local or 0)))
     return next((int(s) for s in seen if s), None)
 
 

@@ -150,11 +150,12 @@ def main(argv):
         logging.flush()
         print(str(e) or "interrupted by SIGINT", file=sys.stderr)
         sys.exit(getattr(e, "exit_code", 130))
-    except SystemExit as e:  # a user's hook calling sys.exit: on one process alone, an error
+    except SystemExit as e:  # a user's function calling sys.exit: alone, as an error
         if dist.fails_fast():
             traceback.print_exc()
             logging.flush()
-            dist.leave_on_error(f"SystemExit: {_first_line(e) or e.code}")
+            text = _first_line(e)
+            dist.leave_on_error(f"SystemExit: {text}" if text else "SystemExit")
         raise
     except Exception as e:  # not bad input: a bug, or a user's function raising
         if not dist.fails_fast():

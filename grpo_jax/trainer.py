@@ -231,7 +231,7 @@ def _loop(config, task, tc, jstep, state, inputs, workdir, ckpt, writer):
     if start == 0 and _eval_at_start(config):
         last.update(_evaluate(task, state.params, 0, writer, monitor))
     t_last, steps_since = time.perf_counter(), 0
-    held = HeldError()  # an error in process 0's own work: every process stops on it together
+    held = HeldError()  # an error in process 0's own work: all processes stop on it together
     # an error in the loop may be one process's alone: distributed.leave_on_error
     with training_loop(), contextlib.closing(bar):
         for step in range(start, task.num_steps):
@@ -261,14 +261,13 @@ def _loop(config, task, tc, jstep, state, inputs, workdir, ckpt, writer):
                 t_eval = time.perf_counter()
                 last.update(_evaluate(task, state.params, done, writer, monitor, held.hold))
                 t_last += time.perf_counter() - t_eval  # keep eval time out of tokens_per_s
+            held.check(done)  # before the checkpoint: a rerun redoes the step, as on one process
             if done % tc.checkpoint_every == 0 or done == task.num_steps:
                 ckpt.save(done, state, force=True)
             bar.update(done, **{k: last[k] for k in task.log_keys if k in last})
             # The last step gathers too: a process failing alone after its checkpoint then finds
             # the others waiting here (distributed.training_loop), not finished.
-            signum = interrupts.agreed(failed=held.error is not None)
-            if signum == interrupts.FAILED:
-                held.raise_held(done)
+            signum = interrupts.agreed()
             if signum is not None and done < task.num_steps:  # a finished run ends as one
                 _stop(ckpt, writer, done, state, signum)
     if task.hooks.on_end is not None and main_process:

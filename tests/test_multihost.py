@@ -325,7 +325,7 @@ main.cli()
         ("1", "TypeError", "4", "bar"),
         ("all", "RuntimeError", "2", "bar"),
         ("1", "RuntimeError", "end", "bar"),
-        ("0", "TypeError", "2", "writer"),
+        ("0", "TypeError", "4", "writer"),
     ],
 )
 def test_an_error_on_one_process_ends_every_process_at_once(
@@ -340,20 +340,20 @@ def test_an_error_on_one_process_ends_every_process_at_once(
     process (a non-finite loss) ends each with its own line. An error outside the loop exits
     as before, through jax's shutdown barrier, which the other process reaches when its run
     ends: it exits 0. An error in process 0's own work (its metric writer, a task's hook) is
-    held to the step's gather, the step and its checkpoint finished, and every process stops
-    there together: process 0 leaving alone took jax's coordination service with it, and jax
-    aborted process 1 (SIGABRT)."""
+    held to the end of the step's collectives, and every process stops there together, before
+    the step's checkpoint (4 is not saved, as on one process): process 0 leaving alone took
+    jax's coordination service with it, and jax aborted process 1 (SIGABRT)."""
     workdir, logs = tmp_path / "run", tmp_path / "logs"
     env = {**env4, "FAIL_ON": fail_on, "FAIL_AS": fail_as, "FAIL_AT": fail_at, "FAIL_IN": fail_in}
     args = [*COMMON, *MESH24, f"--workdir={workdir}"]
     procs = launch(args, env, logs, wait=False, entry=("-c", FAILING_CLI))
     codes, (out0, out1) = finish(procs, logs, timeout=120)
     assert codes == ([0, 1] if fail_at == "end" else [1, 1]), (codes, out0[-3000:], out1[-3000:])
-    kept = 2 if fail_at == "2" else 4  # saved before the error
+    kept = 2 if fail_at == "2" or fail_in == "writer" else 4  # saved before the error
     assert ckpt_lib.latest_step_of(workdir / "checkpoints") == kept
     if fail_in == "writer":
         assert "TypeError: injected" in out0  # its traceback
-        assert "error: process 0 stopped on an error at step 2" in out1
+        assert "error: process 0 stopped on an error at step 4" in out1
         assert "ended on its own error" not in out0 + out1
     elif fail_as == "TypeError":
         assert "TypeError: injected" in out1  # its traceback
@@ -368,7 +368,7 @@ def test_an_error_on_one_process_ends_every_process_at_once(
     "decided, left", [("alone", ["SystemExit: a hook gave up"]), ("together", [])]
 )
 def test_sys_exit_in_the_loop_is_decided_as_an_error(monkeypatch, capsys, decided, left):
-    """A user's hook calling ``sys.exit`` in the training loop: on one process alone it leaves
+    """A user's function calling ``sys.exit`` in the training loop: on one process alone it leaves
     as an error does (training_loop decides, main ends it through leave_on_error, traceback
     first); on every process it exits as asked, through jax's shutdown barrier. Before, only an
     Exception was decided: process 1 calling sys.exit alone at step 4 (the in-loop case above)
@@ -394,21 +394,32 @@ def test_sys_exit_in_the_loop_is_decided_as_an_error(monkeypatch, capsys, decide
     assert ('sys.exit("a hook gave up")' in capsys.readouterr().err) == bool(left)
 
 
-def test_a_held_error_is_the_first_and_only_held_on_several_processes(monkeypatch):
+def test_a_held_error_is_the_first_and_raised_on_every_process(monkeypatch):
     """distributed.HeldError: on one process an error in process 0's own work raises at once,
-    as before; joined, the step's first is held (the writer's, not what failed after it) and
-    raised after the gather, and a process holding none raises one naming process 0."""
+    as before; on several the step's first is held (the writer's, not what failed after it; a
+    sys.exit too, not a KeyboardInterrupt), and ``check`` raises it, or on a process holding
+    none a RuntimeError naming process 0, once any process holds one (the gather stubbed)."""
+    from jax.experimental import multihost_utils
+
     held = dist.HeldError()
     with pytest.raises(OSError, match="disk full"), held.hold():
         raise OSError("disk full")
-    monkeypatch.setattr(dist, "joined", lambda: True)
-    for message in ("disk full", "a hook failed after it"):
+    held.check(3)  # one process: no gather
+    monkeypatch.setattr(dist, "_several", lambda: True)
+    for error in (OSError("disk full"), SystemExit("a hook gave up")):
         with held.hold():
-            raise OSError(message)
+            raise error
+    with pytest.raises(KeyboardInterrupt), held.hold():
+        raise KeyboardInterrupt
+    flags = {"this": held, "other": dist.HeldError()}
+    monkeypatch.setattr(multihost_utils, "process_allgather", lambda x: np.array([0, 0]))
+    for h in flags.values():
+        h.check(3)  # nobody holds one: every process goes on
+    monkeypatch.setattr(multihost_utils, "process_allgather", lambda x: np.array([1, 0]))
     with pytest.raises(OSError, match="^disk full$"):
-        held.raise_held(3)
+        flags["this"].check(3)
     with pytest.raises(RuntimeError, match="^process 0 stopped on an error at step 3 "):
-        dist.HeldError().raise_held(3)
+        flags["other"].check(3)
 
 
 def _one_then_two_processes(args, cache, env4, shakespeare_path, tmp_path) -> dict:
