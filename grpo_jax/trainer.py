@@ -269,7 +269,7 @@ def _loop(config, task, tc, jstep, state, inputs, workdir, ckpt, writer):
             # the others waiting here (distributed.training_loop), not finished.
             signum = interrupts.agreed()
             if signum is not None and done < task.num_steps:  # a finished run ends as one
-                _stop(ckpt, writer, done, state, signum)
+                _stop(ckpt, writer, done, state, signum, held)
     if task.hooks.on_end is not None and main_process:
         task.hooks.on_end(workdir)
     return state, last
@@ -290,14 +290,17 @@ def _logged_from(start: int, config) -> int:
     return -1 if start == 0 and _eval_at_start(config) else start
 
 
-def _stop(ckpt, writer, done, state, signum):
+def _stop(ckpt, writer, done, state, signum, held):
     """On a signal: save this step (unless the cadence just did), make it durable, flush the
-    logs, and raise Interrupted for the CLI's one line and exit status."""
+    logs, and raise Interrupted for the CLI's one line and exit status (or, when process 0's
+    flush failed, its error on every process: ``held``, as in the loop)."""
     ckpt.wait()  # the cadence may have just saved this step (asynchronously)
     if ckpt.latest_step() != done:
         ckpt.save(done, state, force=True)
         ckpt.wait()
-    writer.flush()
+    with held.hold():
+        writer.flush()
+    held.check(done)
     raise interrupts.Interrupted(signum, done)
 
 

@@ -422,6 +422,26 @@ def test_a_held_error_is_the_first_and_raised_on_every_process(monkeypatch):
         flags["other"].check(3)
 
 
+def test_a_signal_stop_raises_process_0s_failed_flush_on_every_process(monkeypatch):
+    """A signal's stop (trainer._stop) flushes process 0's writer after the checkpoint; its
+    failure is held like the loop's, so process 1 stops on it too (a RuntimeError naming
+    process 0) instead of exiting on the signal while process 0 leaves alone, which aborted
+    process 1 (SIGABRT). One process: the signal's Interrupted (the gather stubbed)."""
+    from jax.experimental import multihost_utils
+
+    from grpo_jax import interrupts, trainer
+
+    ckpt = types.SimpleNamespace(wait=lambda: None, latest_step=lambda: 2)
+    writer = types.SimpleNamespace(flush=lambda: None)  # process 1's: a no-op
+    stop = lambda: trainer._stop(ckpt, writer, 2, None, signal.SIGTERM, dist.HeldError())
+    with pytest.raises(interrupts.Interrupted):
+        stop()
+    monkeypatch.setattr(dist, "_several", lambda: True)
+    monkeypatch.setattr(multihost_utils, "process_allgather", lambda x: np.array([1, 0]))
+    with pytest.raises(RuntimeError, match="^process 0 stopped on an error at step 2 "):
+        stop()
+
+
 def _one_then_two_processes(args, cache, env4, shakespeare_path, tmp_path) -> dict:
     """A 3-step run as 1 process x 4 devices, then as 2 processes x 2: their losses must be
     equal. Returns the 2-process run's {step: loss}."""
