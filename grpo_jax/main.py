@@ -150,20 +150,14 @@ def main(argv):
         logging.flush()
         print(str(e) or "interrupted by SIGINT", file=sys.stderr)
         sys.exit(getattr(e, "exit_code", 130))
-    except SystemExit as e:  # a user's function calling sys.exit: alone, as an error
-        if dist.fails_fast():
-            traceback.print_exc()
-            logging.flush()
-            text = _first_line(e)
-            dist.leave_on_error(f"SystemExit: {text}" if text else "SystemExit")
-        raise
-    except Exception as e:  # not bad input: a bug, or a user's function raising
+    except (Exception, SystemExit) as e:  # a bug, or a user's function raising or exiting
         if not dist.fails_fast():
-            raise  # absl prints the traceback
+            raise  # absl prints the traceback; a SystemExit exits with its own code
         traceback.print_exc()
         logging.flush()
-        dist.leave_on_error(f"{type(e).__name__}: {_first_line(e)}")
-        sys.exit(1)
+        text = _first_line(e)
+        dist.leave_on_error(f"{type(e).__name__}: {text}" if text else type(e).__name__)
+        raise  # not reached: leave_on_error ends a process that fails fast
 
 
 def _resolve_config_args(argv):

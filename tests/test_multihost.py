@@ -401,10 +401,14 @@ def test_a_held_error_is_the_first_and_raised_on_every_process(monkeypatch):
     none a RuntimeError naming process 0, once any process holds one (the gather stubbed)."""
     from jax.experimental import multihost_utils
 
+    def no_gather(x):
+        raise AssertionError("one process gathered")
+
     held = dist.HeldError()
     with pytest.raises(OSError, match="disk full"), held.hold():
         raise OSError("disk full")
-    held.check(3)  # one process: no gather
+    monkeypatch.setattr(multihost_utils, "process_allgather", no_gather)
+    held.check(3)  # one process: nothing held, nothing gathered
     monkeypatch.setattr(dist, "_several", lambda: True)
     for error in (OSError("disk full"), SystemExit("a hook gave up")):
         with held.hold():
