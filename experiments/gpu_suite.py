@@ -87,15 +87,16 @@ run):
   source experiments/gpu_machine.sh && python3 experiments/gpu_suite.py --out_dir=$OUT \
       --budget_s=540 2>&1 | tee $OUT/gpu_suite.log
 
-One H100 (2026-11-26) ran every part (profile included) in one such call in 545 s: 18
-compiles shared the device for 727 s, 18 timed sections held it for 90 s, and two children
-ran out of memory beside the large model's (experiments/results/gpu_h100_2026-11-26; the
-schedule above came after). Where a call ends with parts recorded as not run, copy the
-reply's ``gpu_suite_<device>.json`` (under files_at) into a folder .git/info/exclude ignores
-(``.gpu_prev/``), and the next call (carry it too) adds
-``--resume=.gpu_prev/gpu_suite_<device>.json`` (with ``--parts`` the ones to finish): the probe
-runs again, every measurement recorded there without an error is kept, the rest run. Then copy
-the last call's ``.json`` and ``.md`` into experiments/results/ and commit those two paths.
+One H100 (2026-11-28) ran the default suite in one such call in 393 s (11 compiles shared the
+device for 547 s, 13 timed sections held it for 83 s), and a second call resumed it with
+``--parts=pallas,profile`` in 226 s (experiments/results/gpu_h100_2026-11-28). To resume, copy
+the reply's ``gpu_suite_<device>.json`` (under files_at) into a folder .git/info/exclude
+ignores (``.gpu_prev/``), and the next call (carry it too) adds
+``--resume=.gpu_prev/gpu_suite_<device>.json`` (with ``--parts`` the ones to add or finish):
+the probe runs again, every measurement recorded there without an error is kept, the rest run.
+Keep each call's record and log in experiments/results/gpu_<device>_<date>/ and write the
+device's record from them with experiments/gpu_suite_assemble.py (the first call's wall time,
+the last call's measurements).
 The H200 record (parts run by hand, folded in by experiments/results/gpu_h200_2026-11-26/)
 resumes on an H200 with ``--rerun=exhaustive`` (its rows predate the loss that stops
 recomputing member chunks; each kept measurement names its checkout in ``measured_at``).

@@ -41,31 +41,32 @@ LARGE_BATCHES = (16,)
 LARGE_PARTS = ("large", "attention", "pallas")  # benchmark.py on it, keyed by prompts per step
 
 
-# What each child took on one H100 (experiments/results/gpu_h100_2026-11-27: wall seconds
+# What each child took on one H100 (experiments/results/gpu_h100_2026-11-28: wall seconds
 # three at a time, its compiles and its waits for the device lock included; peak device
-# bytes), for the schedule below and expected_wall; the peaks' and TRL's bytes were not
-# recorded and are estimates (a peak call holds its 8 outputs: 8 x 8192^2 in float32 is
-# 2.1 GB, in bfloat16 1.1 GB). On 2026-11-26 the first call ran large 16 beside large 32 and
-# V = 50,000: out of memory, hence the bytes.
+# bytes), for the schedule below and expected_wall. Call 1 ran the default suite, call 2 the
+# pallas and profile children beside each other; large 32 and attention 16 are from
+# gpu_h100_2026-11-27. The peaks' and TRL's bytes were not recorded and are estimates (a peak
+# call holds its 8 outputs: 8 x 8192^2 in float32 is 2.1 GB, in bfloat16 1.1 GB). On
+# 2026-11-26 the first call ran large 16 beside large 32 and V = 50,000: out of memory,
+# hence the bytes.
 H100_EXPECT = {
-    "peak float32": (7, 2.5e9),
-    "peak bfloat16": (7, 1.5e9),
-    "step float32": (240, 0.4e9),
-    "step bfloat16": (174, 0.3e9),
-    "trl float32": (101, 1.0e9),  # torch's bytes unrecorded; 4x4x128 in float32 is small
-    "trl bfloat16": (56, 1.0e9),
-    "exhaustive 65": (57, 0.6e9),
-    "exhaustive 256": (89, 1.2e9),
-    "exhaustive 1000": (88, 9.7e9),
-    "exhaustive 50000": (167, 5.6e9),
-    "large 16": (188, 24.7e9),
+    "peak float32": (8, 2.5e9),
+    "peak bfloat16": (8, 1.5e9),
+    "step float32": (188, 0.4e9),
+    "step bfloat16": (180, 0.3e9),
+    "trl float32": (79, 1.0e9),  # torch's bytes unrecorded; 4x4x128 in float32 is small
+    "trl bfloat16": (65, 1.0e9),
+    "exhaustive 65": (66, 0.6e9),
+    "exhaustive 256": (130, 1.2e9),
+    "exhaustive 1000": (123, 9.8e9),
+    "exhaustive 50000": (135, 5.6e9),
+    "large 16": (187, 24.7e9),
     "large 32": (250, 47.9e9),
-    "attention 16": (151, 18.7e9),  # call 2, beside a part since removed
-    "profile step": (105, 0.3e9),  # beside profile large; bytes: step bfloat16's
-    "profile large": (128, 24.7e9),  # the bytes are large 16's (the same step)
+    "attention 16": (151, 18.7e9),  # 2026-11-27, beside a part since removed
+    "pallas 16": (224, 24.7e9),
+    "profile step": (192, 0.3e9),  # beside profile large; bytes: step bfloat16's
+    "profile large": (218, 24.7e9),  # the bytes are large 16's (the same step)
 }
-# unmeasured: the same model's figures
-H100_EXPECT["pallas 16"] = H100_EXPECT["large 16"]
 # the probe's memory_bytes_limit on one H100 (XLA_PYTHON_CLIENT_MEM_FRACTION=0.92)
 H100_MEMORY_LIMIT = 78_217_478_144
 # the share of a process's memory limit (XLA_PYTHON_CLIENT_MEM_FRACTION of the device) that

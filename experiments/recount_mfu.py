@@ -1,9 +1,10 @@
 """The matmul FLOPs of a recorded GPU suite row, counted again by today's counter, and the MFU
 they give with the row's recorded times (tracing only: runs on a CPU, nothing is timed).
 
-The H100 record's ``attention`` rows (2026-11-27) were counted before flop_count.py sized
-cuDNN's fused attention, so they count it as no work; this recounts the ``attention 16``
-child (the large model at 16 prompts, ``model.attention=cudnn``) to correct its MFU:
+The 2026-11-27 H100 record's ``attention`` rows (results/gpu_h100_2026-11-27/call3.json)
+were counted before flop_count.py sized cuDNN's fused attention, so they count it as no work;
+this recounts the ``attention 16`` child (the large model at 16 prompts,
+``model.attention=cudnn``) to correct its MFU:
 
   GRPO_JAX_DATA=../shared/data/tinyshakespeare.txt python experiments/recount_mfu.py
 
@@ -27,8 +28,8 @@ from grpo_jax.tasks import build_task
 fused_attention.check_cudnn_version = lambda: 91000
 specs.ModelSpec.check_gpu_kernel = lambda self, *a, **k: None
 
-RECORD = Path(__file__).parent / "results" / "gpu_suite_nvidia-h100-80gb-hbm3.json"
-OVERRIDES = {  # the record's `attention 16` command (gpu_suite_nvidia-h100-80gb-hbm3.md)
+RECORD = Path(__file__).parent / "results" / "gpu_h100_2026-11-27" / "call3.json"
+OVERRIDES = {  # the record's `attention 16` command (gpu_h100_2026-11-27/call3.md)
     "group.size": 16, "reference.kind": "policy", "grpo.kl_estimator": "k3",
     "reward.terms": "match", "grpo.beta": 0.04, "train.batch_size": 16,
     "grpo.num_iterations": 1, "model.num_layers": 12, "model.num_heads": 12,

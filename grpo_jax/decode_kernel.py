@@ -9,7 +9,9 @@ prompt, head and ``members`` members reads the prompt's keys and values (once fo
 members), then only each member's written cache slots, a chunk of keys at a time under an
 online softmax, no intermediate written back to memory. The model runs one member per
 program (MEMBERS); experiments/decode_ops.py --members measures others, and which is fastest
-is unmeasured.
+is unmeasured on a GPU. At one member per program, one H100 (2026-11-28) ran the large
+model's rollout slower with this kernel than with XLA's ops: 0.3357 against 0.2699 s
+(experiments/results/gpu_h100_2026-11-28), hence ``model.decode_kernel``'s default ``xla``.
 
 Requirements (checked by specs.ModelSpec, or raised here): a CUDA GPU (elsewhere the kernel
 runs interpreted: tests only), a power-of-two head dimension, and a member cache whose length

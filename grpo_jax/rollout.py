@@ -17,7 +17,7 @@ import jax
 import jax.numpy as jnp
 
 from grpo_jax.decode_kernel import BLOCK
-from grpo_jax.model import Prefix, Transformer, empty_cache
+from grpo_jax.model import Prefix, Transformer, decode_params, empty_cache
 from grpo_jax.objective import entropy_from_logits
 
 
@@ -142,9 +142,11 @@ def decode_members(model: Transformer, params, prefix: Prefix, first_tokens, u, 
     Returns (tokens [B, K, H], logp [B, K, H-1], entropy [B, K, H-1], mask [B, K, H]): the
     mask is 1 up to and including a member's EOS. A finished member keeps decoding pads (static
     shapes); its slots are masked, so nothing it computes reaches a loss or a metric. The
-    member cache grows in segments (cache_segments), one ``lax.scan`` each.
+    member cache grows in segments (cache_segments), one ``lax.scan`` each; the weights are
+    cast to the compute dtype once, before them (model.decode_params).
     """
     b, k, h = u.shape
+    params = decode_params(model, params)
     ends = cache_segments(h - 1, BLOCK if model.decode_kernel == "pallas" else 1)
     cache = empty_cache(model, b, k, ends[0])
     eos = stop.eos_id if stop is not None else None

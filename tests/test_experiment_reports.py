@@ -184,3 +184,33 @@ def test_fill_in_record_renders_to_its_markdown():
     assert "## GRPO: train reward per 300-step window" in today
     assert "| steps | reward s0 | reward s1 | reward s2 | reward (mean) |" in today
     assert "averaged over members.)" in today and "predates" not in today
+
+
+def test_the_h100_record_is_its_lease_calls_assembled():
+    """The committed H100 record is gpu_suite_assemble.fold of its lease's two calls: call 2's
+    measurements (pallas and profile added to call 1's), call 1's suite wall time (call 2's
+    own time is not the suite's); a part dropped leaves every field; a resumed first call or
+    a partial record is refused."""
+    from gpu_suite_report import fold
+
+    lease = RESULTS / "gpu_h100_2026-11-28"
+    paths = [lease / "call1.json", lease / "call2.json"]
+    calls = [json.loads(p.read_text()) for p in paths]
+    raw = fold(calls, [str(p.relative_to(ROOT)) for p in paths])
+    wall = raw["targets"]["suite wall time (s)"]
+    assert (wall["value"], wall["met"], raw["wall_s"]) == (calls[0]["wall_s"], True, None)
+    assert calls[1]["targets"]["suite wall time (s)"]["value"] is None
+    assert {"pallas", "profile"} <= raw["results"].keys()
+    assert raw["device_lock"] == calls[0]["device_lock"]
+    committed = RESULTS / "gpu_suite_nvidia-h100-80gb-hbm3.json"
+    raw["command"] = json.loads(committed.read_text())["command"]
+    assert gpu_suite_markdown.markdown(raw) == committed.with_suffix(".md").read_text()
+    dropped = fold(calls, paths, ["pallas"])
+    assert "pallas" not in dropped["results"] | dropped["part_wall_s"] | dropped["plan"]
+    assert not any(r["part"] == "pallas" for r in dropped["child_records"])
+    assert not any("decode_kernel=pallas" in c for c in dropped["commands"])
+    assert "pallas" in raw["results"]  # the input is not changed
+    with pytest.raises(SystemExit, match="resumed a record"):
+        fold(calls[::-1], paths[::-1])
+    with pytest.raises(SystemExit, match="partial"):
+        fold([calls[0], {**calls[1], "complete": False}], paths)

@@ -13,6 +13,7 @@ from grpo_jax.model import (
     ONE_HOT_GRAD_ROWS,
     Transformer,
     _one_hot_grad_take,
+    decode_params,
     empty_cache,
     group_logits,
     init_params,
@@ -262,6 +263,57 @@ def test_a_long_decode_grows_its_cache_in_segments_with_the_same_samples(monkeyp
     one_cache = _rollout(m, p, ctx, forced, u, sp)
     np.testing.assert_array_equal(one_cache[0], tokens)
     np.testing.assert_allclose(one_cache[1], logp, atol=1e-6)
+
+
+def _weight_casts_in_loops(jaxpr, shapes, inside=False):
+    """How many float32 -> other casts of an operand shaped as one of ``shapes`` run inside a
+    scan or while body of ``jaxpr``."""
+    n = 0
+    for eqn in jaxpr.eqns:
+        aval = eqn.invars[0].aval if eqn.invars else None
+        n += (
+            inside
+            and eqn.primitive.name == "convert_element_type"
+            and getattr(aval, "dtype", None) == jnp.float32
+            and aval.shape in shapes
+        )
+        loop = inside or eqn.primitive.name in ("scan", "while")
+        for sub in jax.extend.core.jaxprs_in_params(eqn.params):
+            n += _weight_casts_in_loops(sub, shapes, loop)
+    return n
+
+
+def test_a_bfloat16_decode_casts_its_weights_once_before_the_loop(monkeypatch):
+    """rollout.decode_members casts the float32 weights to bfloat16 before its decode loop
+    (model.decode_params), not at every step inside it: no cast of a weight-shaped float32
+    array runs in the loop's body, which without it holds 9 (per layer qkv, proj, fc and out,
+    and the tied head). The samples and log-probs are bitwise the same; only the LayerNorms'
+    params stay float32."""
+    h = 8
+    m = Transformer(vocab_size=V, num_layers=2, num_heads=2, d_model=16, max_len=C + h,
+                    dtype=jnp.bfloat16)  # fmt: skip
+    p = init_params(m, jax.random.PRNGKey(0))
+    leaves = jax.tree_util.tree_flatten_with_path(decode_params(m, p))[0]
+    kept = {jax.tree_util.keystr(k) for k, x in leaves if x.dtype == jnp.float32}
+    assert kept == {f"['{ln}']['{w}']" for ln in ("ln_f",) for w in ("bias", "scale")} | {
+        f"['blocks_{i}']['{ln}']['{w}']" for i in (0, 1) for ln in ("ln1", "ln2")
+        for w in ("bias", "scale")}  # fmt: skip
+    weights = {x.shape for x in jax.tree.leaves(p) if x.ndim == 2}
+    ctx = jax.random.randint(jax.random.PRNGKey(3), (B, C), 0, V)
+    sp = ro.SamplingParams(temperature=0.8)
+    u = jax.random.uniform(jax.random.PRNGKey(4), (B, G, h))
+    forced = jnp.zeros((B, G), jnp.int32)
+
+    def run():  # a new function each time: jit and make_jaxpr cache by function
+        fn = lambda: _rollout(m, p, ctx, forced, u, sp)[:2]
+        return jax.jit(fn)(), _weight_casts_in_loops(jax.make_jaxpr(fn)().jaxpr, weights)
+
+    hoisted, casts = run()
+    monkeypatch.setattr(ro, "decode_params", lambda model, params: params)
+    in_loop, casts_before = run()
+    assert (casts, casts_before) == (0, 2 * 4 + 1)
+    np.testing.assert_array_equal(hoisted[0], in_loop[0])
+    np.testing.assert_array_equal(hoisted[1], in_loop[1])
 
 
 def test_the_pallas_decode_kernel_samples_what_xla_decodes():
