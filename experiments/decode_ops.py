@@ -1,7 +1,7 @@
 """One layer's decode-step attention in the ways it could be written, each timed alone at the
 large model's shapes: which one to build into grpo_jax/model.py, measured before it is built.
 
-On one H100 (experiments/results/gpu_suite_nvidia-h100-80gb-hbm3.md) the large model's decode
+On one H100 (experiments/results/gpu_h100_2026-11-27/call3.md) the large model's decode
 loop spent 153.6 of its 244.5 kernel-ms per step in reductions: XLA:GPU runs each one-query
 attention's matrix-vector products as reduction fusions (the own cache's weighted values 57 µs
 a call, about 4x the time to read that cache). Each variant here is the same softmax over the
@@ -18,6 +18,9 @@ prompt's keys and the member's own, one query per member:
 - ``dpa_xla`` / ``dpa_cudnn``: ``jax.nn.dot_product_attention`` per member over its
   [prompt ; own] keys, the prompt's copied to every member at every step (cuDNN takes one key
   set per query batch). A variant the device cannot run is recorded with its error.
+- ``rows2`` / ``rows16``: today's two-part softmax, the query padded with 1 / 15 rows of
+  zeros in the own cache's two products (its first row kept), so that they are matrix-matrix
+  products, which XLA:GPU may run as GEMMs, not as reduction fusions (16: a tensor-core tile).
 - ``pallas_m<M>``, one per ``--members`` count M: grpo_jax/decode_kernel.py
   (``model.decode_kernel=pallas``), one Pallas kernel (Triton backend) per decode step and
   layer, a program per (prompt, head, M members): the prompt's keys, shared by its members,
@@ -72,29 +75,48 @@ flags.DEFINE_bool("smoke", False, "Tiny sizes in float32 (a CPU, seconds).")
 flags.DEFINE_string("out_dir", "", "Also write decode_ops_<device>.json and .md there.")
 
 XLA_FORMS = ("model", "values_s_minor", "one_softmax", "one_softmax_s_minor", "dpa_xla")
-XLA_FORMS += ("dpa_cudnn",)
+XLA_FORMS += ("dpa_cudnn", "rows2", "rows16")
 S_MINOR = {"values_s_minor", "one_softmax_s_minor"}
+ROWS = {"rows2": 2, "rows16": 16}  # query rows in the own cache's products (zeros but one)
 
 
-def one_query(q, pk, pv, pmask, ck, cv, mask, s_minor: bool, one_softmax: bool):
+def rows_product(spec: str, x, y, rows: int):
+    """``einsum(spec, x, y)`` with x [..., n] as [..., rows, n] (x, then rows - 1 rows of
+    zeros; spec names that axis t) and the product's first row kept. The optimisation barriers
+    keep XLA's simplifier from folding the padding and the slice back into a one-row product."""
+    x = x[..., None, :]
+    if rows > 1:
+        x = jax.lax.optimization_barrier(
+            jnp.pad(x, [(0, 0)] * (x.ndim - 2) + [(0, rows - 1), (0, 0)])
+        )
+    out = jnp.einsum(spec, x, y)
+    return (jax.lax.optimization_barrier(out) if rows > 1 else out)[..., 0, :]
+
+
+def one_query(q, pk, pv, pmask, ck, cv, mask, s_minor: bool, one_softmax: bool, rows: int = 1):
     """q [B, G, h, d]; pk/pv [B, h, P, d]; pmask [B, P]; ck [B, G, h, S, d]; cv that or, with
-    ``s_minor``, [B, G, h, d, S]; mask [S]. Returns [B, G, h, d] in q's dtype."""
+    ``s_minor``, [B, G, h, d, S]; mask [S]. Returns [B, G, h, d] in q's dtype.
+
+    ``rows`` > 1: the query (then its weights) padded with zero rows in the own cache's two
+    products, whose first row is kept. One query row makes them matrix-vector products, which
+    XLA:GPU runs as reduction fusions (the H100 profile's costliest decode kernels); several
+    make them matrix-matrix ones, for its GEMM paths."""
     q = q * jnp.asarray(q.shape[-1] ** -0.5, q.dtype)
-    s_own = jnp.einsum("bghd,bghsd->bghs", q, ck).astype(jnp.float32)
+    s_own = rows_product("bghtd,bghsd->bghts", q, ck, rows).astype(jnp.float32)
     s_own = jnp.where(mask, s_own, _NEG_INF)
     s_pre = jnp.einsum("bghd,bhpd->bghp", q, pk).astype(jnp.float32)
     s_pre = jnp.where(pmask[:, None, None, :], s_pre, _NEG_INF)
-    own_values = "bghs,bghds->bghd" if s_minor else "bghs,bghsd->bghd"
+    own = "bghts,bghds->bghtd" if s_minor else "bghts,bghsd->bghtd"
+    own_values = lambda w: rows_product(own, w, cv, rows)
     if one_softmax:
         w = jax.nn.softmax(jnp.concatenate([s_pre, s_own], axis=-1), axis=-1).astype(q.dtype)
         w_pre, w_own = w[..., : pk.shape[2]], w[..., pk.shape[2] :]
-        out = jnp.einsum("bghp,bhpd->bghd", w_pre, pv) + jnp.einsum(own_values, w_own, cv)
-        return out
+        return jnp.einsum("bghp,bhpd->bghd", w_pre, pv) + own_values(w_own)
     m = jnp.maximum(jnp.max(s_own, -1), jnp.max(s_pre, -1))[..., None]
     e_own, e_pre = jnp.exp(s_own - m), jnp.exp(s_pre - m)
     denom = (jnp.sum(e_own, -1) + jnp.sum(e_pre, -1))[..., None]
     out = jnp.einsum("bghp,bhpd->bghd", e_pre.astype(q.dtype), pv)
-    out = out + jnp.einsum(own_values, e_own.astype(q.dtype), cv)
+    out = out + own_values(e_own.astype(q.dtype))
     return (out / denom).astype(q.dtype)
 
 
@@ -134,7 +156,8 @@ def step_fn(variant: str):
             return out, ck, cv
         if variant.startswith("dpa_"):
             return joint(q, pk, pv, pmask, ck, cv, mask, variant[4:]), ck, cv
-        return one_query(q, pk, pv, pmask, ck, cv, mask, s_minor, "one_softmax" in variant), ck, cv
+        one = "one_softmax" in variant
+        return one_query(q, pk, pv, pmask, ck, cv, mask, s_minor, one, ROWS.get(variant, 1)), ck, cv
 
     return step
 

@@ -20,7 +20,8 @@ def test_every_decode_attention_variant_equals_the_models(tmp_path):
     assert rec["shapes"] == dict(B=2, G=4, h=2, d=8, P=128, S=64, steps=40)
     variants = rec["variants"]
     assert set(variants) == {"model", "values_s_minor", "one_softmax", "one_softmax_s_minor",
-                             "dpa_xla", "dpa_cudnn", "pallas_m1", "pallas_m4"}  # fmt: skip
+                             "dpa_xla", "dpa_cudnn", "rows2", "rows16", "pallas_m1",
+                             "pallas_m4"}  # fmt: skip
     assert rec["pallas"] == dict(members=[1, 4], warps=4)
     assert variants["model"]["max_rel_deviation"] is None and variants["model"]["us_per_step"] > 0
     for name, res in variants.items():
