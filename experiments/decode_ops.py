@@ -83,14 +83,14 @@ ROWS = {"rows2": 2, "rows16": 16}  # query rows in the own cache's products (zer
 def rows_product(spec: str, x, y, rows: int):
     """``einsum(spec, x, y)`` with x [..., n] as [..., rows, n] (x, then rows - 1 rows of
     zeros; spec names that axis t) and the product's first row kept. The optimisation barriers
-    keep XLA's simplifier from folding the padding and the slice back into a one-row product."""
-    x = x[..., None, :]
-    if rows > 1:
-        x = jax.lax.optimization_barrier(
-            jnp.pad(x, [(0, 0)] * (x.ndim - 2) + [(0, rows - 1), (0, 0)])
-        )
-    out = jnp.einsum(spec, x, y)
-    return (jax.lax.optimization_barrier(out) if rows > 1 else out)[..., 0, :]
+    keep XLA's simplifier from folding the padding and the slice back into a one-row product.
+    One row is the plain product, without the t axis: a reshape between the product and its
+    cast to float32 would keep XLA from fusing them (another kernel per step)."""
+    if rows == 1:
+        return jnp.einsum(spec.replace("t", ""), x, y)
+    x = jnp.pad(x[..., None, :], [(0, 0)] * (x.ndim - 1) + [(0, rows - 1), (0, 0)])
+    out = jnp.einsum(spec, jax.lax.optimization_barrier(x), y)
+    return jax.lax.optimization_barrier(out)[..., 0, :]
 
 
 def one_query(q, pk, pv, pmask, ck, cv, mask, s_minor: bool, one_softmax: bool, rows: int = 1):

@@ -154,26 +154,32 @@ def record(jobs: list, p: dict, *, smoke: bool, final: bool, t0: float, **run) -
 
 def fold(calls: list, paths: list, drop_parts=()) -> dict:
     """The last call's record with the first call's suite wall time (``calls``: the records,
-    the first a default suite in one call; ``paths``: where each was read, for the record)."""
+    the first a default suite in one call; ``paths``: where each was read, for the record).
+    ``drop_parts``: parts left out everywhere, the targets recomputed without them."""
     first, raw = calls[0], json.loads(json.dumps(calls[-1]))  # a copy: the input stays whole
     if not raw["complete"] or not first["complete"]:
         raise SystemExit("error: a call's record is partial (complete: false); resume it first")
-    if first["targets"]["suite wall time (s)"]["value"] is None:
-        raise SystemExit(f"error: {paths[0]} resumed a record; give the default suite's call first")
+    if any(flag in first["command"] for flag in ("--resume", "--parts")):
+        raise SystemExit(
+            f"error: {paths[0]} ran `{first['command']}`, not the default suite; give the "
+            "default suite's call first"
+        )
     for part in drop_parts:
         raw["child_records"] = [r for r in raw["child_records"] if r["part"] != part]
         for key in ("results", "part_wall_s", "plan"):
             raw[key].pop(part, None)
+        expect = raw["plan"].get("expect", {})
+        raw["plan"]["expect"] = {k: v for k, v in expect.items() if k.split()[0] != part}
     raw["commands"] = [c for r in raw["child_records"] for c in [r["result"].get("command")] if c]
     later = ", ".join(
         f"{Path(p).stem} {c['wall_s']:.0f} s" for p, c in zip(paths[1:], calls[1:], strict=True)
     )
     raw["wall_s"], raw["device_lock"] = None, first["device_lock"]
-    raw["targets"]["suite wall time (s)"].update(
-        value=first["wall_s"],
-        met=first["wall_s"] <= SUITE_BUDGET_S,
-        note=f"{Path(paths[0]).stem} alone, the default suite {first['workers']} at a time: "
-        f"{first['wall_s']:.0f} s; later calls resumed it: {later}",
+    gpu = raw["device"].get("platform") == "gpu"
+    raw["targets"] = targets(raw["results"], gpu, first["wall_s"], raw["smoke"])
+    raw["targets"]["suite wall time (s)"]["note"] = (
+        f"{Path(paths[0]).stem} alone, the default suite {first['workers']} at a time: "
+        f"{first['wall_s']:.0f} s; later calls resumed it: {later}"
     )
     raw["assembled_from"] = [str(p) for p in paths]
     return raw

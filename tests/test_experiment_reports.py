@@ -189,8 +189,8 @@ def test_fill_in_record_renders_to_its_markdown():
 def test_the_h100_record_is_its_lease_calls_assembled():
     """The committed H100 record is gpu_suite_assemble.fold of its lease's two calls: call 2's
     measurements (pallas and profile added to call 1's), call 1's suite wall time (call 2's
-    own time is not the suite's); a part dropped leaves every field; a resumed first call or
-    a partial record is refused."""
+    own time is not the suite's); a part dropped leaves every field, its targets too; a first
+    call that resumed a record or ran chosen parts, or a partial record, is refused."""
     from gpu_suite_report import fold
 
     lease = RESULTS / "gpu_h100_2026-11-28"
@@ -207,10 +207,20 @@ def test_the_h100_record_is_its_lease_calls_assembled():
     assert gpu_suite_markdown.markdown(raw) == committed.with_suffix(".md").read_text()
     dropped = fold(calls, paths, ["pallas"])
     assert "pallas" not in dropped["results"] | dropped["part_wall_s"] | dropped["plan"]
+    assert not any(k.startswith("pallas") for k in dropped["plan"]["expect"])
     assert not any(r["part"] == "pallas" for r in dropped["child_records"])
     assert not any("decode_kernel=pallas" in c for c in dropped["commands"])
+    no_large = fold(calls, paths, ["large"])["targets"]
+    mfu = "large model, 16 prompts: rollout MFU (nominal peak)"
+    assert raw["targets"][mfu]["value"] > 0 and mfu not in no_large
+    assert no_large["suite wall time (s)"]["value"] == calls[0]["wall_s"]
     assert "pallas" in raw["results"]  # the input is not changed
-    with pytest.raises(SystemExit, match="resumed a record"):
+    with pytest.raises(SystemExit, match="not the default suite"):
         fold(calls[::-1], paths[::-1])
+    with pytest.raises(SystemExit, match="not the default suite"):
+        fold(
+            [{**calls[0], "command": "python experiments/gpu_suite.py --parts=step"}, calls[1]],
+            paths,
+        )
     with pytest.raises(SystemExit, match="partial"):
         fold([calls[0], {**calls[1], "complete": False}], paths)
