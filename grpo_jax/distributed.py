@@ -228,13 +228,19 @@ class HeldError:
     when it goes (SIGABRT). Held, process 0 finishes the step's evaluation, whose collectives
     the others are in; then ``check`` (one gather of a flag) raises on every process, before
     the step's checkpoint, as one process raises before it: process 0 its error, the others a
-    RuntimeError naming it. With one process it raises at once."""
+    RuntimeError naming it. With one process it raises at once.
+
+    Every process enters the same ``hold`` blocks (process 1 around its no-op writer), so
+    every process knows whether this step held anything: ``check`` gathers only after a step
+    that did, not at every step boundary (where ``interrupts.agreed`` gathers already)."""
 
     def __init__(self):
         self.error: BaseException | None = None
+        self.armed = False  # a hold() since the last check: the same on every process
 
     @contextlib.contextmanager
     def hold(self):
+        self.armed = True
         try:
             yield
         except (Exception, SystemExit) as e:
@@ -245,8 +251,10 @@ class HeldError:
 
     def check(self, step: int) -> None:
         """Raises if any process holds an error at this step (every process calls it at the
-        same boundary). One process: nothing to gather, nothing is ever held."""
-        if not _several():
+        same boundary). One process: nothing to gather, nothing is ever held; a step with no
+        hold(): nothing to gather either."""
+        armed, self.armed = self.armed, False
+        if not (armed and _several()):
             return
         import numpy as np
         from jax.experimental import multihost_utils

@@ -241,9 +241,10 @@ def _loop(config, task, tc, jstep, state, inputs, workdir, ckpt, writer):
             done = step + 1  # steps are counted from 1, as metrics.jsonl and the checkpoints
             if not math.isfinite(loss):
                 raise NonFiniteLossError(_non_finite(loss, done, ckpt.latest_step()))
-            if task.hooks.on_step is not None and main_process:
-                with held.hold():
-                    task.hooks.on_step(workdir, done, metrics)
+            if task.hooks.on_step is not None:
+                with held.hold():  # on every process, so that every process checks this step
+                    if main_process:
+                        task.hooks.on_step(workdir, done, metrics)
             if done % tc.log_every == 0 or done == task.num_steps:
                 jax.block_until_ready(state.params)
                 dt = time.perf_counter() - t_last
@@ -262,6 +263,7 @@ def _loop(config, task, tc, jstep, state, inputs, workdir, ckpt, writer):
                 last.update(_evaluate(task, state.params, done, writer, monitor, held.hold))
                 t_last += time.perf_counter() - t_eval  # keep eval time out of tokens_per_s
             held.check(done)  # before the checkpoint: a rerun redoes the step, as on one process
+            # (a gather on several processes, after a step that held work only)
             if done % tc.checkpoint_every == 0 or done == task.num_steps:
                 ckpt.save(done, state, force=True)
             bar.update(done, **{k: last[k] for k in task.log_keys if k in last})

@@ -398,7 +398,8 @@ def test_a_held_error_is_the_first_and_raised_on_every_process(monkeypatch):
     """distributed.HeldError: on one process an error in process 0's own work raises at once,
     as before; on several the step's first is held (the writer's, not what failed after it; a
     sys.exit too, not a KeyboardInterrupt), and ``check`` raises it, or on a process holding
-    none a RuntimeError naming process 0, once any process holds one (the gather stubbed)."""
+    none a RuntimeError naming process 0, once any process holds one; a step that held no
+    work gathers nothing (the gather stubbed)."""
     from jax.experimental import multihost_utils
 
     def no_gather(x):
@@ -416,9 +417,17 @@ def test_a_held_error_is_the_first_and_raised_on_every_process(monkeypatch):
     with pytest.raises(KeyboardInterrupt), held.hold():
         raise KeyboardInterrupt
     flags = {"this": held, "other": dist.HeldError()}
+    monkeypatch.setattr(multihost_utils, "process_allgather", no_gather)
+    flags["other"].check(2)  # several processes, but a step without hold(): no gather
+    for h in flags.values():  # the other process enters the same block, its writer a no-op
+        with h.hold():
+            pass
     monkeypatch.setattr(multihost_utils, "process_allgather", lambda x: np.array([0, 0]))
     for h in flags.values():
         h.check(3)  # nobody holds one: every process goes on
+    for h in flags.values():  # the next step's held work
+        with h.hold():
+            pass
     monkeypatch.setattr(multihost_utils, "process_allgather", lambda x: np.array([1, 0]))
     with pytest.raises(OSError, match="^disk full$"):
         flags["this"].check(3)
