@@ -42,7 +42,7 @@ def platform_branch(params: dict) -> int | None:
     ``branches_platforms`` name lowering platforms, None the default), or None for any other
     cond and for one with neither this backend's branch nor a default (the costliest counts).
     The count is this backend's: a CPU counting a GPU config (--flops_only) misses what only
-    the GPU branch runs (model.lookup's one-hot gradient matmul)."""
+    the GPU branch runs (products.lookup's one-hot gradient matmul)."""
     plats = params.get("branches_platforms")
     if not plats:
         return None

@@ -29,7 +29,6 @@ Pallas kernel per layer (``pallas``: decode_kernel.py, a CUDA GPU).
 Params are float32; activations use ``dtype`` (float32 or bfloat16); logits come out float32.
 """
 
-import functools
 from typing import Any, NamedTuple
 
 import flax.linen as nn
@@ -37,6 +36,7 @@ import jax
 import jax.numpy as jnp
 
 from grpo_jax.decode_kernel import attention as pallas_attention
+from grpo_jax.products import dense_dot, lookup
 
 _NEG_INF = -1e30  # large-but-finite so fully masked rows never make NaNs
 
@@ -97,45 +97,6 @@ def _attention(q, pk, pv, pmask, sk, sv, self_mask, dtype):
         out_p = jnp.einsum("bhqp,bhpd->bhqd", e_pre.astype(dtype), pv)
         out = out + out_p.reshape(b, nh, g, t, hd).transpose(0, 2, 3, 1, 4)
     return (out / denom.transpose(0, 1, 3, 2)[..., None]).astype(dtype)
-
-
-ONE_HOT_GRAD_ROWS = 256  # lookup: tables up to this many rows, off a CPU, sum as a matmul
-
-
-@functools.partial(jax.custom_vjp, nondiff_argnums=(2,))
-def _one_hot_grad_take(table, ids, rows: int):
-    return jnp.take(table, ids, axis=0)
-
-
-def _one_hot_bwd(rows, ids, g):
-    onehot = jax.nn.one_hot(ids.reshape(-1), rows, dtype=g.dtype)
-    hi = jax.lax.Precision.HIGHEST  # no TF32 rounding of the cotangents on a GPU
-    return jnp.einsum("nv,nd->vd", onehot, g.reshape(-1, g.shape[-1]), precision=hi), None
-
-
-# forward: the plain take, keeping the ids for the backward
-_one_hot_grad_take.defvjp(lambda t, ids, rows: (jnp.take(t, ids, axis=0), ids), _one_hot_bwd)
-
-
-def lookup(table, ids):
-    """``table[ids]``, as ``jnp.take``. Its gradient sums each token's cotangent into its row:
-    a scatter-add, whose writes collide when a small table meets many tokens (on one H100 the
-    12 x 768 model's in bfloat16, 32,768 tokens into 65 rows, took 19.9 ms of its step), summed
-    by a GPU's atomics in no fixed order. Off a CPU, tables of up to ONE_HOT_GRAD_ROWS rows
-    take it as one matmul, one_hot(ids)ᵀ · cotangent at HIGHEST precision: the tied logits'
-    FLOPs, in a fixed order, equal to the scatter's (test); the forward stays a gather (T5X's
-    ``Embed(one_hot=True)`` contracts with a one-hot in the forward too, for SPMD
-    partitioning). A CPU keeps the scatter (nearly free there: the matmul was no faster in 7
-    alternating runs of the TRL-comparable step), as do larger tables, whose one-hot operand
-    grows with them."""
-    if table.shape[0] > ONE_HOT_GRAD_ROWS:
-        return jnp.take(table, ids, axis=0)
-    return jax.lax.platform_dependent(
-        table,
-        ids,
-        cpu=lambda t, i: jnp.take(t, i, axis=0),
-        default=lambda t, i: _one_hot_grad_take(t, i, t.shape[0]),
-    )
 
 
 ATTENTION = ("shared_prefix", "xla", "cudnn")  # model.attention's choices
@@ -200,7 +161,9 @@ class Block(nn.Module):
         """
         b, g, t, _ = x.shape
         hd = self.d_model // self.num_heads
-        dense = lambda n, name: nn.Dense(n, dtype=self.dtype, param_dtype=jnp.float32, name=name)
+        dense = lambda n, name: nn.Dense(
+            n, dtype=self.dtype, param_dtype=jnp.float32, dot_general=dense_dot, name=name
+        )
         drop = nn.Dropout(self.dropout, deterministic=deterministic)
 
         # the dense layers and norms see [B*G*T, D] rows: a 2-D matmul's weight gradient is

@@ -2,6 +2,9 @@
 their trip count, and equal to XLA's own cost analysis where XLA can see every iteration (the
 loop unrolled); the matmul peak's program: its matmuls and nothing else."""
 
+import json
+import os
+import subprocess
 import sys
 from pathlib import Path
 
@@ -134,7 +137,7 @@ def test_a_shard_map_body_counts_once_per_block_of_its_manual_axes():
 
 
 def test_a_platform_dependent_branch_counts_as_this_backend_runs_it():
-    """lax.platform_dependent (model.lookup's gradient) runs one branch per backend: a CPU
+    """lax.platform_dependent (products.lookup's gradient) runs one branch per backend: a CPU
     counts its own (no matmul here), not the GPU's matmul; a data-dependent cond still
     counts its most expensive branch, as does a platform_dependent one with neither this
     backend's branch nor a default (it used to raise)."""
@@ -306,3 +309,32 @@ def test_known_matmul_primitives_the_counter_cannot_size_are_never_counted_as_ze
     assert [(e["primitive"], e["runs"]) for e in got["matmul_uncounted"]] == [
         ("ragged_dot_general", 5)
     ]
+
+
+def test_half_ab_compares_two_programs_and_says_when_the_swap_changed_nothing(shakespeare_path):
+    """experiments/half_ab.py: the dense layers' CPU weight gradient (products.dense_dot) is
+    not in the rollout, which has no gradient: swapped for lax.dot_general, the rollout
+    compiles to the same program (up to names and metadata), and the record says so. An
+    update's program with and without it differs."""
+    from half_ab import canonical
+
+    root = Path(__file__).resolve().parents[1]
+    cmd = [sys.executable, "experiments/half_ab.py", "--config=configs/shakespeare.py:tiny,sampled",
+           "--half=rollout", "--swap=grpo_jax.model.dense_dot=jax.lax.dot_general",
+           "--rounds=2", "--calls=2"]  # fmt: skip
+    env = {**os.environ, "GRPO_JAX_DATA": str(shakespeare_path)}
+    done = subprocess.run(cmd, cwd=root, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "A and B are one program" in done.stdout
+    rec = json.loads(done.stdout.strip().splitlines()[-1])
+    assert rec["same_program"] is True and rec["half"] == "rollout" and rec["ratio"] > 0
+    assert [len(rec["times_s"][side]) for side in "AB"] == [4, 4]
+    hlo = lambda f: canonical(jax.jit(f).lower(jnp.ones(8)).compile().as_text())
+    assert hlo(lambda x: x + 1.0) != hlo(lambda x: x * 2.0)
+    bad = subprocess.run([*cmd[:4], "--swap=grpo_jax.model.nope=jax.lax.dot_general"], cwd=root,
+                         env=env, capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert bad.returncode == 1
+    assert (
+        bad.stderr.strip().splitlines()[-1]
+        == "error: --swap: grpo_jax.model has no attribute 'nope'"
+    )

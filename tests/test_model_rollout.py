@@ -1,5 +1,6 @@
 """Model KV cache vs full forward, and rollout invariants (chunking, log-probs, forcing)."""
 
+import re
 import types
 
 import chex
@@ -9,17 +10,9 @@ import numpy as np
 import pytest
 
 from grpo_jax import rollout as ro
-from grpo_jax.model import (
-    ONE_HOT_GRAD_ROWS,
-    Transformer,
-    _one_hot_grad_take,
-    decode_params,
-    empty_cache,
-    group_logits,
-    init_params,
-    lookup,
-)
+from grpo_jax.model import Transformer, decode_params, empty_cache, group_logits, init_params
 from grpo_jax.policy import TokenPrompts, rollout, transformer_policy
+from grpo_jax.products import ONE_HOT_GRAD_ROWS, _one_hot_grad_take, dense_dot, lookup
 
 pytestmark = pytest.mark.usefixtures("fast_compiles")  # conftest.py
 
@@ -141,6 +134,37 @@ def test_a_small_tables_lookup_gradient_is_a_matmul_off_a_cpu_equal_to_the_scatt
         hlo = grad(lookup).trace(table).lower(lowering_platforms=(platform,)).as_text()
         small = rows <= ONE_HOT_GRAD_ROWS and platform != "cpu"
         assert ("stablehlo.scatter" in hlo) != small and ("dot_general" in hlo) == small
+
+
+def test_a_dense_layers_weight_gradient_contracts_a_transposed_copy_on_a_cpu_alone():
+    """dense_dot: on a CPU, the weight gradient of x [N, K] · w [K, F] is copy(xᵀ) · g (an
+    optimisation barrier keeps the copy), with autodiff's values; lowered for a GPU or a TPU
+    (no device needed) it is autodiff's program, as is any product not over 2-D rows."""
+    k1, k2, k3 = jax.random.split(jax.random.PRNGKey(5), 3)
+    x, w = jax.random.normal(k1, (300, 48)), jax.random.normal(k2, (48, 20))
+    cot = jax.random.normal(k3, (300, 20))
+    rows = (((1,), (0,)), ((), ()))
+    grads = lambda dot: jax.jit(jax.grad(lambda x, w: jnp.sum(dot(x, w, rows) * cot), (0, 1)))
+    plain, ours = grads(jax.lax.dot_general), grads(dense_dot)
+    np.testing.assert_array_equal(dense_dot(x, w, rows), x @ w)
+    for mine, ref in zip(ours(x, w), plain(x, w), strict=True):
+        np.testing.assert_allclose(mine, ref, rtol=1e-5, atol=1e-5)
+
+    def products(fn, *args, platform):  # (op, operand and result types), in program order
+        text = fn.trace(*args).lower(lowering_platforms=(platform,)).as_text()
+        ops = r"stablehlo\.(dot_general|transpose|optimization_barrier)\b[^\n]* : ([^\n]*)"
+        return re.findall(ops, text)
+
+    cpu = products(ours, x, w, platform="cpu")
+    assert ("optimization_barrier", "tensor<48x300xf32>") in cpu, cpu
+    assert "optimization_barrier" not in str(products(plain, x, w, platform="cpu"))
+    for platform in ("cuda", "tpu"):  # inside a constant-index case, which XLA drops
+        assert products(ours, x, w, platform=platform) == products(plain, x, w, platform=platform)
+    x3 = x.reshape(3, 100, 48)  # a batched operand: the plain product everywhere
+    wide = (((2,), (0,)), ((), ()))
+    grad3 = lambda dot: jax.jit(jax.grad(lambda x, w: jnp.sum(dot(x, w, wide)), (0, 1)))
+    mine3 = products(grad3(dense_dot), x3, w, platform="cpu")
+    assert mine3 == products(grad3(jax.lax.dot_general), x3, w, platform="cpu") and mine3
 
 
 def test_blocked_sampler_matches_a_float64_inverse_cdf_across_blocks():

@@ -1,0 +1,86 @@
+"""The model's two products whose gradients a backend runs faster in another form than
+autodiff's: the token embedding's lookup and the dense layers' matmuls over rows.
+
+Both keep their forward and their gradients' values (tests); only the form of the backward's
+contraction over the rows changes, and only where it was measured to pay: ``lookup`` off a
+CPU, ``dense_dot`` on a CPU. Each backend's branch is chosen at lowering
+(``lax.platform_dependent``), so the other backends compile the same program as autodiff's.
+"""
+
+import functools
+
+import jax
+import jax.numpy as jnp
+
+ONE_HOT_GRAD_ROWS = 256  # lookup: tables up to this many rows, off a CPU, sum as a matmul
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(2,))
+def _one_hot_grad_take(table, ids, rows: int):
+    return jnp.take(table, ids, axis=0)
+
+
+def _one_hot_bwd(rows, ids, g):
+    onehot = jax.nn.one_hot(ids.reshape(-1), rows, dtype=g.dtype)
+    hi = jax.lax.Precision.HIGHEST  # no TF32 rounding of the cotangents on a GPU
+    return jnp.einsum("nv,nd->vd", onehot, g.reshape(-1, g.shape[-1]), precision=hi), None
+
+
+# forward: the plain take, keeping the ids for the backward
+_one_hot_grad_take.defvjp(lambda t, ids, rows: (jnp.take(t, ids, axis=0), ids), _one_hot_bwd)
+
+
+def lookup(table, ids):
+    """``table[ids]``, as ``jnp.take``. Its gradient sums each token's cotangent into its row:
+    a scatter-add, whose writes collide when a small table meets many tokens (on one H100 the
+    12 x 768 model's in bfloat16, 32,768 tokens into 65 rows, took 19.9 ms of its step), summed
+    by a GPU's atomics in no fixed order. Off a CPU, tables of up to ONE_HOT_GRAD_ROWS rows
+    take it as one matmul, one_hot(ids)ᵀ · cotangent at HIGHEST precision: the tied logits'
+    FLOPs, in a fixed order, equal to the scatter's (test); the forward stays a gather (T5X's
+    ``Embed(one_hot=True)`` contracts with a one-hot in the forward too, for SPMD
+    partitioning). A CPU keeps the scatter (nearly free there: the matmul was no faster in 7
+    alternating runs of the TRL-comparable step), as do larger tables, whose one-hot operand
+    grows with them."""
+    if table.shape[0] > ONE_HOT_GRAD_ROWS:
+        return jnp.take(table, ids, axis=0)
+    return jax.lax.platform_dependent(
+        table,
+        ids,
+        cpu=lambda t, i: jnp.take(t, i, axis=0),
+        default=lambda t, i: _one_hot_grad_take(t, i, t.shape[0]),
+    )
+
+
+@jax.custom_vjp
+def _rows_matmul(x, w):
+    return x @ w
+
+
+def _rows_matmul_bwd(res, g):
+    x, w = res
+    # the barrier keeps XLA from folding the transpose back into the product's dimensions
+    return g @ w.T, jax.lax.optimization_barrier(x.T) @ g
+
+
+_rows_matmul.defvjp(lambda x, w: (x @ w, (x, w)), _rows_matmul_bwd)
+
+
+def dense_dot(lhs, rhs, dimension_numbers, precision=None, preferred_element_type=None):
+    """``lax.dot_general`` for ``nn.Dense(dot_general=...)``. On a CPU, a 2-D product x [N, K]
+    · w [K, F] (the model's dense layers see [rows, features]) takes its weight gradient as
+    copy(xᵀ) · g: XLA:CPU ran autodiff's xᵀ · g, a contraction over both operands' major
+    axis, at 192 GFLOP/s for x [4416, 512], g [4416, 128], against 422 GFLOP/s for the same
+    product with xᵀ laid out in memory, and the transposed copy costs 0.25 ms of the 3.0 it
+    saves (experiments/benchmark.py's --matmul_floor names these products). The values are
+    the same products', summed in the library's order: the TRL-comparable step's loss was
+    bitwise the same. Other backends, and any other product, take ``lax.dot_general``."""
+    plain = functools.partial(
+        jax.lax.dot_general,
+        dimension_numbers=dimension_numbers,
+        precision=precision,
+        preferred_element_type=preferred_element_type,
+    )
+    rows = lhs.ndim == 2 and dimension_numbers == (((1,), (0,)), ((), ()))
+    if not rows or precision is not None or preferred_element_type is not None:
+        return plain(lhs, rhs)
+    return jax.lax.platform_dependent(lhs, rhs, cpu=_rows_matmul, default=plain)
