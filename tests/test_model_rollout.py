@@ -289,6 +289,16 @@ def test_a_long_decode_grows_its_cache_in_segments_with_the_same_samples(monkeyp
     np.testing.assert_allclose(one_cache[1], logp, atol=1e-6)
 
 
+def _sub_jaxprs(params):
+    """The jaxprs in an equation's params (jax.extend.core.jaxprs_in_params, which jax 0.8.0,
+    the oldest supported, lacks)."""
+    for value in params.values():
+        for x in value if isinstance(value, (tuple, list)) else (value,):
+            inner = getattr(x, "jaxpr", x)
+            if hasattr(inner, "eqns"):
+                yield inner
+
+
 def _weight_casts_in_loops(jaxpr, shapes, inside=False):
     """How many float32 -> other casts of an operand shaped as one of ``shapes`` run inside a
     scan or while body of ``jaxpr``."""
@@ -302,7 +312,7 @@ def _weight_casts_in_loops(jaxpr, shapes, inside=False):
             and aval.shape in shapes
         )
         loop = inside or eqn.primitive.name in ("scan", "while")
-        for sub in jax.extend.core.jaxprs_in_params(eqn.params):
+        for sub in _sub_jaxprs(eqn.params):
             n += _weight_casts_in_loops(sub, shapes, loop)
     return n
 
@@ -375,7 +385,7 @@ def _primitives(jaxpr, inside=()):
     (scan and while bodies, shard_map, pjit) included."""
     for eqn in jaxpr.eqns:
         yield eqn.primitive.name, inside
-        for sub in jax.extend.core.jaxprs_in_params(eqn.params):
+        for sub in _sub_jaxprs(eqn.params):
             yield from _primitives(sub, (*inside, eqn.primitive.name))
 
 
