@@ -17,13 +17,12 @@ as it was (``same_program``: then nothing was compared); the last line is the JS
 
 import importlib
 import json
-import re
 import statistics
 import time
 
 import jax
 from absl import app, flags
-from measure import build_step, configure_host
+from measure import build_step, canonical_hlo, configure_host
 from ml_collections import config_flags
 
 FLAGS = flags.FLAGS
@@ -44,15 +43,6 @@ def resolve(dotted: str):
     if not hasattr(mod, name):
         raise SystemExit(f"error: --swap: {module} has no attribute {name!r}")
     return mod, name
-
-
-def canonical(hlo: str) -> str:
-    """A compiled module's text without what changes when nothing runs differently: op
-    metadata, the debug tables of source files and frames, and instruction numbering (a
-    second trace numbers its instructions on from the first's)."""
-    hlo = re.sub(r", metadata=\{[^}]*\}", "", hlo)
-    hlo = re.sub(r"(%[\w\-]+)\.\d+", r"\1", hlo)
-    return "\n".join(line for line in hlo.splitlines() if not re.match(r"\s*\d+ ", line))
 
 
 def compile_half(step, state, inputs, batch, host):
@@ -77,7 +67,7 @@ def main(_):
     setattr(module, name, new)
     jax.clear_caches()  # the step's inner jits would otherwise reuse A's trace
     progs["B"] = compile_half(step, state, inputs, batch, host)
-    same = canonical(progs["A"][0].as_text()) == canonical(progs["B"][0].as_text())
+    same = canonical_hlo(progs["A"][0].as_text()) == canonical_hlo(progs["B"][0].as_text())
     if same:
         print(f"the swap left the compiled {FLAGS.half} as it was: A and B are one program")
     times = {"A": [], "B": []}

@@ -2,6 +2,7 @@
 step built as the trainer builds it, timing, memory, and the matmul peak and floor (the FLOP
 count itself is flop_count.py)."""
 
+import re
 import resource
 import time
 
@@ -209,3 +210,12 @@ def matmul_floor(fn, *args, repeats=8, runs=10, top=12) -> dict:
         "matmul_floor_top": sorted(rows, key=lambda r: -r["floor_ms"])[:top],
     }
     return {**out, "matmul_uncounted": merged_uncounted(uncounted)} if uncounted else out
+
+
+def canonical_hlo(hlo: str) -> str:
+    """A compiled module's text without what changes when nothing runs differently: op
+    metadata, the debug tables of source files and frames, and instruction numbering (a
+    second trace numbers its instructions on from the first's)."""
+    hlo = re.sub(r", metadata=\{[^}]*\}", "", hlo)
+    hlo = re.sub(r"(%[\w\-]+)\.\d+", r"\1", hlo)
+    return "\n".join(line for line in hlo.splitlines() if not re.match(r"\s*\d+ ", line))

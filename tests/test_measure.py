@@ -316,8 +316,6 @@ def test_half_ab_compares_two_programs_and_says_when_the_swap_changed_nothing(sh
     not in the rollout, which has no gradient: swapped for lax.dot_general, the rollout
     compiles to the same program (up to names and metadata), and the record says so. An
     update's program with and without it differs."""
-    from half_ab import canonical
-
     root = Path(__file__).resolve().parents[1]
     cmd = [sys.executable, "experiments/half_ab.py", "--config=configs/shakespeare.py:tiny,sampled",
            "--half=rollout", "--swap=grpo_jax.model.dense_dot=jax.lax.dot_general",
@@ -329,7 +327,7 @@ def test_half_ab_compares_two_programs_and_says_when_the_swap_changed_nothing(sh
     rec = json.loads(done.stdout.strip().splitlines()[-1])
     assert rec["same_program"] is True and rec["half"] == "rollout" and rec["ratio"] > 0
     assert [len(rec["times_s"][side]) for side in "AB"] == [4, 4]
-    hlo = lambda f: canonical(jax.jit(f).lower(jnp.ones(8)).compile().as_text())
+    hlo = lambda f: measure.canonical_hlo(jax.jit(f).lower(jnp.ones(8)).compile().as_text())
     assert hlo(lambda x: x + 1.0) != hlo(lambda x: x * 2.0)
     bad = subprocess.run([*cmd[:4], "--swap=grpo_jax.model.nope=jax.lax.dot_general"], cwd=root,
                          env=env, capture_output=True, text=True, timeout=120)  # fmt: skip
