@@ -1,4 +1,4 @@
-"""One half of the GRPO step (``--half``: the rollout or the update) compiled twice in one
+"""The halves of the GRPO step (``--halves``: rollout, update) each compiled twice in one
 process, as the checkout has it (A) and with one module attribute swapped before tracing (B),
 then timed in alternating rounds (ABBA ..., ``--calls`` calls a side a round) on the same
 state and batch. One process, one state and interleaved calls take out what moves separate
@@ -6,13 +6,14 @@ benchmark.py processes by several per cent on a shared machine (their medians dr
 run), so a change of a few per cent in one half can be seen.
 
   # the dense layers' CPU weight gradient (products.dense_dot) against autodiff's
-  python experiments/half_ab.py --config=configs/shakespeare.py --half=update \\
+  python experiments/half_ab.py --config=configs/shakespeare.py --halves=update \\
       --swap=grpo_jax.model.dense_dot=jax.lax.dot_general
 
 The swap replaces the attribute (``module.name=module.name``: the replacement is imported
-too) and clears jax's caches, so the second trace reads it. Prints each side's median and
-minimum and the ratio A/B of the medians, and says so when the swap left the compiled half
-as it was (``same_program``: then nothing was compared); the last line is the JSON record.
+too) and clears jax's caches, so that the second trace reads it. Per half: each side's median
+and minimum and the ratio A/B of the medians, or, where the swap left the compiled half as it
+was (``same_program``, measure.canonical_hlo: up to names and metadata), that nothing was
+compared. The last line is the JSON record.
 """
 
 import importlib
@@ -27,7 +28,7 @@ from ml_collections import config_flags
 
 FLAGS = flags.FLAGS
 config_flags.DEFINE_config_file("config", None, "Config file (path[:variant,...]).")
-flags.DEFINE_enum("half", "update", ["rollout", "update"], "Which half of the step to time.")
+flags.DEFINE_list("halves", ["update"], "The halves to compare: rollout, update or both.")
 flags.DEFINE_string("swap", None, "module.attr=module.attr: B's replacement.", required=True)
 flags.DEFINE_integer("rounds", 12, "Alternating rounds (A then B, then B then A, ...).")
 flags.DEFINE_integer("calls", 3, "Timed calls of each side per round.")
@@ -36,6 +37,8 @@ flags.DEFINE_integer("calls", 3, "Timed calls of each side per round.")
 def resolve(dotted: str):
     """(module, attribute name) of ``package.module.attr``, which must exist."""
     module, _, name = dotted.rpartition(".")
+    if not module or not name:
+        raise SystemExit(f"error: --swap: {dotted!r} is not module.attr")
     try:
         mod = importlib.import_module(module)
     except ImportError as e:
@@ -45,31 +48,15 @@ def resolve(dotted: str):
     return mod, name
 
 
-def compile_half(step, state, inputs, batch, host):
-    """(the half compiled, its arguments)."""
-    if FLAGS.half == "rollout":
-        return jax.jit(step.rollout).lower(state, inputs).compile(), (state, inputs)
-    args = (state, inputs, batch, host)
-    return jax.jit(step.update).lower(*args).compile(), args
+def compile_halves(step, state, inputs, batch, host) -> dict:
+    """{half: (compiled, its arguments)} for --halves."""
+    args = {"rollout": (state, inputs), "update": (state, inputs, batch, host)}
+    fns = {"rollout": step.rollout, "update": step.update}
+    return {h: (jax.jit(fns[h]).lower(*args[h]).compile(), args[h]) for h in FLAGS.halves}
 
 
-def main(_):
-    target, _, replacement = FLAGS.swap.partition("=")
-    if not replacement:
-        raise SystemExit(f"error: --swap={FLAGS.swap}: write it as module.attr=module.attr")
-    module, name = resolve(target)
-    new = getattr(*resolve(replacement))
-    configure_host(FLAGS.config)
-    _, step, _, state, inputs, _, _ = build_step(FLAGS.config)
-    batch = jax.block_until_ready(jax.jit(step.rollout)(state, inputs))
-    host = None if step.host is None else step.host(batch)
-    progs = {"A": compile_half(step, state, inputs, batch, host)}
-    setattr(module, name, new)
-    jax.clear_caches()  # the step's inner jits would otherwise reuse A's trace
-    progs["B"] = compile_half(step, state, inputs, batch, host)
-    same = canonical_hlo(progs["A"][0].as_text()) == canonical_hlo(progs["B"][0].as_text())
-    if same:
-        print(f"the swap left the compiled {FLAGS.half} as it was: A and B are one program")
+def alternate(progs: dict) -> dict:
+    """{side: [seconds per call]} over --rounds ABBA rounds of --calls calls a side."""
     times = {"A": [], "B": []}
     for side in "AB":  # one untimed call each
         fn, args = progs[side]
@@ -81,17 +68,40 @@ def main(_):
                 t0 = time.perf_counter()
                 jax.block_until_ready(fn(*args))
                 times[side].append(time.perf_counter() - t0)
-    med = {side: statistics.median(t) for side, t in times.items()}
-    for side in "AB":
-        print(f"{side}: median {med[side]:.4f} s, min {min(times[side]):.4f} s")
-    print(f"A/B {med['A'] / med['B']:.4f} ({FLAGS.half}, {len(times['A'])} calls a side)")
-    record = {
-        "half": FLAGS.half,
-        "swap": FLAGS.swap,
-        "times_s": times,
-        "ratio": med["A"] / med["B"],
-        "same_program": same,
-    }
+    return times
+
+
+def main(_):
+    if not FLAGS.halves or set(FLAGS.halves) - {"rollout", "update"}:
+        raise SystemExit(f"error: --halves={','.join(FLAGS.halves)}: rollout, update or both")
+    target, _, replacement = FLAGS.swap.partition("=")
+    module, name = resolve(target)
+    new = getattr(*resolve(replacement))
+    if not callable(new):
+        raise SystemExit(f"error: --swap: {replacement} is not callable")
+    configure_host(FLAGS.config)
+    _, step, _, state, inputs, _, _ = build_step(FLAGS.config)
+    batch = jax.block_until_ready(jax.jit(step.rollout)(state, inputs))
+    host = None if step.host is None else step.host(batch)
+    sides = {"A": compile_halves(step, state, inputs, batch, host)}
+    setattr(module, name, new)
+    jax.clear_caches()  # the step's inner jits would otherwise reuse A's trace
+    sides["B"] = compile_halves(step, state, inputs, batch, host)
+    record = {"swap": FLAGS.swap, "halves": {}}
+    for half in FLAGS.halves:
+        progs = {side: sides[side][half] for side in "AB"}
+        texts = {side: canonical_hlo(fn.as_text()) for side, (fn, _) in progs.items()}
+        if texts["A"] == texts["B"]:
+            print(f"{half}: the swap left its compiled program as it was; nothing compared")
+            record["halves"][half] = {"same_program": True}
+            continue
+        times = alternate(progs)
+        med = {side: statistics.median(t) for side, t in times.items()}
+        for side in "AB":
+            print(f"{half} {side}: median {med[side]:.4f} s, min {min(times[side]):.4f} s")
+        print(f"{half} A/B {med['A'] / med['B']:.4f} ({len(times['A'])} calls a side)")
+        ratio = med["A"] / med["B"]
+        record["halves"][half] = {"same_program": False, "times_s": times, "ratio": ratio}
     print(json.dumps(record))
 
 

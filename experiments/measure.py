@@ -214,8 +214,10 @@ def matmul_floor(fn, *args, repeats=8, runs=10, top=12) -> dict:
 
 def canonical_hlo(hlo: str) -> str:
     """A compiled module's text without what changes when nothing runs differently: op
-    metadata, the debug tables of source files and frames, and instruction numbering (a
-    second trace numbers its instructions on from the first's)."""
+    metadata, the debug tables of source files and frames, and instruction names, renamed in
+    order of first appearance (a second trace numbers its instructions on from the first's;
+    the order keeps which operand is which)."""
     hlo = re.sub(r", metadata=\{[^}]*\}", "", hlo)
-    hlo = re.sub(r"(%[\w\-]+)\.\d+", r"\1", hlo)
-    return "\n".join(line for line in hlo.splitlines() if not re.match(r"\s*\d+ ", line))
+    hlo = "\n".join(line for line in hlo.splitlines() if not re.match(r"\s*\d+ ", line))
+    names: dict = {}
+    return re.sub(r"%[\w\-.]+", lambda m: names.setdefault(m[0], f"%v{len(names)}"), hlo)

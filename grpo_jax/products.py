@@ -69,11 +69,21 @@ def dense_dot(lhs, rhs, dimension_numbers, precision=None, preferred_element_typ
     """``lax.dot_general`` for ``nn.Dense(dot_general=...)``. On a CPU, a 2-D product x [N, K]
     · w [K, F] (the model's dense layers see [rows, features]) takes its weight gradient as
     copy(xᵀ) · g: XLA:CPU ran autodiff's xᵀ · g, a contraction over both operands' major
-    axis, at 192 GFLOP/s for x [4416, 512], g [4416, 128], against 422 GFLOP/s for the same
-    product with xᵀ laid out in memory, and the transposed copy costs 0.25 ms of the 3.0 it
-    saves (experiments/benchmark.py's --matmul_floor names these products). The values are
-    the same products', summed in the library's order: the TRL-comparable step's loss was
-    bitwise the same. Other backends, and any other product, take ``lax.dot_general``."""
+    axis, at 192 GFLOP/s for the ``out`` layer's x [4416, 512], g [4416, 128], and at 422 with
+    xᵀ laid out in memory; with the copy (0.25 ms) the product took 2.07 ms against 3.00
+    (experiments/benchmark.py's --matmul_floor names these products). The forward is the
+    plain product. The gradients equal autodiff's to rounding, not bitwise: three float32
+    steps on one device gave the same losses and params within 1.2e-7 of autodiff's, but for
+    the keys' bias (6.4e-5: its true gradient is 0, as a shift of every key leaves the
+    softmax as it was, and Adam scales the rounding up to a step); bfloat16 losses differ
+    from step 2 on.
+
+    Other backends, and any other product, take ``lax.dot_general``: ``platform_dependent``
+    wraps it in a constant-index case, which XLA drops, so their compiled products are
+    autodiff's. Every backend traces the CPU branch's custom VJP too: no forward-mode autodiff
+    through it (``jax.jvp``, ``jacfwd``; nothing here uses them), and a ``lax.scan``
+    differentiated over stacked weights would keep both operands as residuals (the model's
+    layers are a Python loop)."""
     plain = functools.partial(
         jax.lax.dot_general,
         dimension_numbers=dimension_numbers,

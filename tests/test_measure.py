@@ -311,28 +311,42 @@ def test_known_matmul_primitives_the_counter_cannot_size_are_never_counted_as_ze
     ]
 
 
-def test_half_ab_compares_two_programs_and_says_when_the_swap_changed_nothing(shakespeare_path):
-    """experiments/half_ab.py: the dense layers' CPU weight gradient (products.dense_dot) is
-    not in the rollout, which has no gradient: swapped for lax.dot_general, the rollout
-    compiles to the same program (up to names and metadata), and the record says so. An
-    update's program with and without it differs."""
+def test_half_ab_times_what_the_swap_changed_and_names_what_it_did_not(shakespeare_path):
+    """experiments/half_ab.py with the dense layers' CPU weight gradient (products.dense_dot)
+    swapped for lax.dot_general: the update compiles to another program (the model uses
+    dense_dot, and the swap reaches the second trace), timed in alternating calls; the
+    rollout, which takes no gradient, to the same one up to names and metadata, not timed."""
     root = Path(__file__).resolve().parents[1]
     cmd = [sys.executable, "experiments/half_ab.py", "--config=configs/shakespeare.py:tiny,sampled",
-           "--half=rollout", "--swap=grpo_jax.model.dense_dot=jax.lax.dot_general",
-           "--rounds=2", "--calls=2"]  # fmt: skip
+           "--halves=rollout,update", "--rounds=2", "--calls=2",
+           "--swap=grpo_jax.model.dense_dot=jax.lax.dot_general"]  # fmt: skip
     env = {**os.environ, "GRPO_JAX_DATA": str(shakespeare_path)}
     done = subprocess.run(cmd, cwd=root, env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
-    assert "A and B are one program" in done.stdout
-    rec = json.loads(done.stdout.strip().splitlines()[-1])
-    assert rec["same_program"] is True and rec["half"] == "rollout" and rec["ratio"] > 0
-    assert [len(rec["times_s"][side]) for side in "AB"] == [4, 4]
-    hlo = lambda f: measure.canonical_hlo(jax.jit(f).lower(jnp.ones(8)).compile().as_text())
-    assert hlo(lambda x: x + 1.0) != hlo(lambda x: x * 2.0)
-    bad = subprocess.run([*cmd[:4], "--swap=grpo_jax.model.nope=jax.lax.dot_general"], cwd=root,
-                         env=env, capture_output=True, text=True, timeout=120)  # fmt: skip
-    assert bad.returncode == 1
-    assert (
-        bad.stderr.strip().splitlines()[-1]
-        == "error: --swap: grpo_jax.model has no attribute 'nope'"
-    )
+    assert "rollout: the swap left its compiled program as it was" in done.stdout
+    halves = json.loads(done.stdout.strip().splitlines()[-1])["halves"]
+    assert halves["rollout"] == {"same_program": True}
+    update = halves["update"]
+    assert update["same_program"] is False and update["ratio"] > 0
+    assert [len(update["times_s"][side]) for side in "AB"] == [4, 4]
+    for swap, line in (
+        ("grpo_jax.model.nope=jax.lax.dot_general", "grpo_jax.model has no attribute 'nope'"),
+        ("dense_dot=jax.lax.dot_general", "'dense_dot' is not module.attr"),
+        ("grpo_jax.model.dense_dot=jax.lax", "jax.lax is not callable"),
+    ):
+        bad = subprocess.run([*cmd[:3], f"--swap={swap}"], cwd=root, env=env,
+                             capture_output=True, text=True, timeout=120)  # fmt: skip
+        assert bad.returncode == 1
+        assert bad.stderr.strip().splitlines()[-1] == f"error: --swap: {line}", bad.stderr
+
+
+def test_canonical_hlo_drops_names_and_metadata_but_keeps_which_operand_is_which():
+    """Two traces of one function compare equal; programs that differ only in the order of
+    their operands (the same instructions, renumbered) do not."""
+    a, b = jnp.ones((8, 8)), jnp.full((8, 8), 2.0)
+    hlo = lambda f: measure.canonical_hlo(jax.jit(f).lower(a, b).compile().as_text())
+    first = hlo(lambda x, y: (x @ x) @ (y @ y))
+    jax.clear_caches()
+    assert hlo(lambda x, y: (x @ x) @ (y @ y)) == first
+    assert hlo(lambda x, y: (y @ y) @ (x @ x)) != first
+    assert hlo(lambda x, y: x + y) != hlo(lambda x, y: x * y)
