@@ -28,6 +28,7 @@ from absl import app, flags
 from flop_count import step_flops
 from measure import (
     build_step,
+    compile_halves,
     compile_step,
     configure_host,
     matmul_floor,
@@ -64,26 +65,6 @@ flags.DEFINE_bool(
     "Only compile the step and print XLA's buffer plan (executable_bytes: arguments + outputs "
     "+ temporaries - aliased): whether a configuration fits, without running it.",
 )
-
-
-def compile_halves(step, state, inputs, batch):
-    """The task's own step in its two halves, ``step.rollout`` and ``step.update`` (on the
-    rollout's batch, whose shapes ``batch`` holds), each compiled ahead of time on its own,
-    not donating (the state survives every run): (rollout, update). The update is lowered on
-    those shapes with the rollout's output shardings; with a Python reward the host rewards
-    need a real batch, so one rollout runs here, untimed."""
-    rollout = jax.jit(step.rollout).lower(state, inputs).compile()
-    if step.host is None:
-        host = None
-        batch = jax.tree.map(
-            lambda a, sh: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=sh),
-            batch,
-            rollout.output_shardings,
-        )
-    else:
-        batch = rollout(state, inputs)
-        host = step.host(batch)
-    return rollout, jax.jit(step.update).lower(state, inputs, batch, host).compile()
 
 
 def breakdown(halves, step, state, inputs, runs):

@@ -9,7 +9,8 @@ run), so a change of a few per cent in one half can be seen.
   python experiments/half_ab.py --config=configs/shakespeare.py --halves=update \\
       --swap=grpo_jax.model.dense_dot=jax.lax.dot_general
 
-The swap replaces the attribute (``module.name=module.name``: the replacement is imported
+Both halves compile on each side (measure.compile_halves, as benchmark.py's breakdown). The
+swap replaces the attribute (``module.name=module.name``: the replacement is imported
 too) and clears jax's caches, so that the second trace reads it. Per half: each side's median
 and minimum and the ratio A/B of the medians, or, where the swap left the compiled half as it
 was (``same_program``, measure.canonical_hlo: up to names and metadata), that nothing was
@@ -19,11 +20,10 @@ compared. The last line is the JSON record.
 import importlib
 import json
 import statistics
-import time
 
 import jax
 from absl import app, flags
-from measure import build_step, canonical_hlo, configure_host
+from measure import build_step, canonical_hlo, compile_halves, configure_host, timed
 from ml_collections import config_flags
 
 FLAGS = flags.FLAGS
@@ -48,13 +48,6 @@ def resolve(dotted: str):
     return mod, name
 
 
-def compile_halves(step, state, inputs, batch, host) -> dict:
-    """{half: (compiled, its arguments)} for --halves."""
-    args = {"rollout": (state, inputs), "update": (state, inputs, batch, host)}
-    fns = {"rollout": step.rollout, "update": step.update}
-    return {h: (jax.jit(fns[h]).lower(*args[h]).compile(), args[h]) for h in FLAGS.halves}
-
-
 def alternate(progs: dict) -> dict:
     """{side: [seconds per call]} over --rounds ABBA rounds of --calls calls a side."""
     times = {"A": [], "B": []}
@@ -64,10 +57,7 @@ def alternate(progs: dict) -> dict:
     for r in range(FLAGS.rounds):
         for side in "AB" if r % 2 == 0 else "BA":
             fn, args = progs[side]
-            for _ in range(FLAGS.calls):
-                t0 = time.perf_counter()
-                jax.block_until_ready(fn(*args))
-                times[side].append(time.perf_counter() - t0)
+            times[side] += timed(fn, *args, runs=FLAGS.calls)[1]
     return times
 
 
@@ -81,15 +71,18 @@ def main(_):
         raise SystemExit(f"error: --swap: {replacement} is not callable")
     configure_host(FLAGS.config)
     _, step, _, state, inputs, _, _ = build_step(FLAGS.config)
-    batch = jax.block_until_ready(jax.jit(step.rollout)(state, inputs))
-    host = None if step.host is None else step.host(batch)
-    sides = {"A": compile_halves(step, state, inputs, batch, host)}
+    shapes = jax.eval_shape(step.rollout, state, inputs)
+    sides = {"A": compile_halves(step, state, inputs, shapes)}
     setattr(module, name, new)
     jax.clear_caches()  # the step's inner jits would otherwise reuse A's trace
-    sides["B"] = compile_halves(step, state, inputs, batch, host)
+    sides["B"] = compile_halves(step, state, inputs, shapes)
+    batch = jax.block_until_ready(sides["A"][0](state, inputs))
+    host = None if step.host is None else step.host(batch)
+    args = {"rollout": (state, inputs), "update": (state, inputs, batch, host)}
     record = {"swap": FLAGS.swap, "halves": {}}
     for half in FLAGS.halves:
-        progs = {side: sides[side][half] for side in "AB"}
+        i = ("rollout", "update").index(half)
+        progs = {side: (sides[side][i], args[half]) for side in "AB"}
         texts = {side: canonical_hlo(fn.as_text()) for side, (fn, _) in progs.items()}
         if texts["A"] == texts["B"]:
             print(f"{half}: the swap left its compiled program as it was; nothing compared")

@@ -64,6 +64,26 @@ def timed(fn, *args, runs=1):
     return out, times
 
 
+def compile_halves(step, state, inputs, batch):
+    """The task's own step in its two halves, ``step.rollout`` and ``step.update`` (on the
+    rollout's batch, whose shapes ``batch`` holds), each compiled ahead of time on its own,
+    not donating (the state survives every run): (rollout, update). The update is lowered on
+    those shapes with the rollout's output shardings; with a Python reward the host rewards
+    need a real batch, so one rollout runs here, untimed."""
+    rollout = jax.jit(step.rollout).lower(state, inputs).compile()
+    if step.host is None:
+        host = None
+        batch = jax.tree.map(
+            lambda a, sh: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=sh),
+            batch,
+            rollout.output_shardings,
+        )
+    else:
+        batch = rollout(state, inputs)
+        host = step.host(batch)
+    return rollout, jax.jit(step.update).lower(state, inputs, batch, host).compile()
+
+
 def compile_step(jitted_step, state, inputs):
     """Compiles a jitted (donating) train step ahead of time: (compiled, state, seconds).
 
