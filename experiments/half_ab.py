@@ -23,7 +23,7 @@ import statistics
 
 import jax
 from absl import app, flags
-from measure import build_step, canonical_hlo, compile_halves, configure_host, timed
+from measure import alternate, build_step, canonical_hlo, compile_halves, configure_host, timed
 from ml_collections import config_flags
 
 FLAGS = flags.FLAGS
@@ -48,17 +48,16 @@ def resolve(dotted: str):
     return mod, name
 
 
-def alternate(progs: dict) -> dict:
-    """{side: [seconds per call]} over --rounds ABBA rounds of --calls calls a side."""
-    times = {"A": [], "B": []}
-    for side in "AB":  # one untimed call each
-        fn, args = progs[side]
+def untimed_then_alternate(progs: dict) -> dict:
+    """{side: [seconds per call]}: one untimed call a side, then --rounds ABBA rounds of
+    --calls calls a side."""
+    for fn, args in progs.values():
         jax.block_until_ready(fn(*args))
-    for r in range(FLAGS.rounds):
-        for side in "AB" if r % 2 == 0 else "BA":
-            fn, args = progs[side]
-            times[side] += timed(fn, *args, runs=FLAGS.calls)[1]
-    return times
+    rounds = {
+        side: (lambda fn=fn, args=args: timed(fn, *args, runs=FLAGS.calls)[1])
+        for side, (fn, args) in progs.items()
+    }
+    return alternate(rounds, FLAGS.rounds)
 
 
 def main(_):
@@ -88,7 +87,7 @@ def main(_):
             print(f"{half}: the swap left its compiled program as it was; nothing compared")
             record["halves"][half] = {"same_program": True}
             continue
-        times = alternate(progs)
+        times = untimed_then_alternate(progs)
         med = {side: statistics.median(t) for side, t in times.items()}
         for side in "AB":
             print(f"{half} {side}: median {med[side]:.4f} s, min {min(times[side]):.4f} s")

@@ -64,6 +64,18 @@ def timed(fn, *args, runs=1):
     return out, times
 
 
+def alternate(sides: dict, rounds: int) -> dict:
+    """{name: [seconds]} of ``rounds`` alternating rounds over two sides (A B, then B A, ...:
+    each side as often first as second), where ``sides[name]()`` runs one round of its side
+    and returns that round's seconds."""
+    first, second = sides
+    times = {first: [], second: []}
+    for r in range(rounds):
+        for name in (first, second) if r % 2 == 0 else (second, first):
+            times[name] += sides[name]()
+    return times
+
+
 def compile_halves(step, state, inputs, batch):
     """The task's own step in its two halves, ``step.rollout`` and ``step.update`` (on the
     rollout's batch, whose shapes ``batch`` holds), each compiled ahead of time on its own,

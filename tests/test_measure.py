@@ -320,7 +320,8 @@ def test_half_ab_times_what_the_swap_changed_and_names_what_it_did_not(shakespea
     cmd = [sys.executable, "experiments/half_ab.py", "--config=configs/shakespeare.py:tiny,sampled",
            "--halves=rollout,update", "--rounds=2", "--calls=2",
            "--swap=grpo_jax.model.dense_dot=jax.lax.dot_general"]  # fmt: skip
-    env = {**os.environ, "GRPO_JAX_DATA": str(shakespeare_path)}
+    env = {**os.environ, "GRPO_JAX_DATA": str(shakespeare_path),
+           "JAX_DISABLE_MOST_OPTIMIZATIONS": "1"}  # fmt: skip
     done = subprocess.run(cmd, cwd=root, env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     assert "rollout: the swap left its compiled program as it was" in done.stdout
@@ -350,3 +351,47 @@ def test_canonical_hlo_drops_names_and_metadata_but_keeps_which_operand_is_which
     assert hlo(lambda x, y: (x @ x) @ (y @ y)) == first
     assert hlo(lambda x, y: (y @ y) @ (x @ x)) != first
     assert hlo(lambda x, y: x + y) != hlo(lambda x, y: x * y)
+
+
+def test_alternate_puts_each_side_first_in_every_other_round():
+    """measure.alternate: A B, B A, A B ...; each side's seconds in its own rounds' order."""
+    order = []
+
+    def side(name, seconds):
+        def run():
+            order.append(name)
+            return [seconds + len(order)]
+
+        return run
+
+    times = measure.alternate({"A": side("A", 0.0), "B": side("B", 100.0)}, rounds=4)
+    assert order == ["A", "B", "B", "A", "A", "B", "B", "A"]
+    assert times == {"A": [1.0, 4.0, 5.0, 8.0], "B": [102.0, 103.0, 106.0, 107.0]}
+
+
+def test_modes_ab_times_two_configs_steps_alternately(shakespeare_path):
+    """experiments/modes_ab.py on the tiny config's exhaustive (A) and sampled (B) modes: each
+    side's steps timed in alternating rounds, tokens/s from the task's tokens per step, the
+    ratio of the two; configs whose host memory settings differ give one error line."""
+    root = Path(__file__).resolve().parents[1]
+    cmd = [sys.executable, "experiments/modes_ab.py", "--config=configs/shakespeare.py:tiny",
+           "--other=configs/shakespeare.py:tiny,sampled", "--rounds=2", "--calls=2",
+           "--warmup=0"]  # fmt: skip
+    env = {**os.environ, "GRPO_JAX_DATA": str(shakespeare_path),
+           "JAX_DISABLE_MOST_OPTIMIZATIONS": "1"}  # fmt: skip
+    done = subprocess.run(cmd, cwd=root, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    rec = json.loads(done.stdout.strip().splitlines()[-1])
+    a, b = rec["sides"]["A"], rec["sides"]["B"]
+    # tiny: B = 2 prompts, horizon 8; exhaustive forces all V = 65 first tokens, sampled G = 4
+    assert (a["tokens_per_step"], b["tokens_per_step"]) == (2 * 65 * 8, 2 * 4 * 8)
+    for s in (a, b):
+        assert len(s["times_s"]) == 4 and s["median_step_s"] == np.median(s["times_s"])
+        assert s["tokens_per_s"] == pytest.approx(s["tokens_per_step"] / s["median_step_s"])
+    assert rec["ratio"] == pytest.approx(a["tokens_per_s"] / b["tokens_per_s"])
+    assert len(rec["round_ratios"]) == 2
+    bad = subprocess.run([*cmd[:4], "--other.cpu_buffers=release"], cwd=root, env=env,
+                         capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert bad.returncode == 1
+    line = bad.stderr.strip().splitlines()[-1]
+    assert line.startswith("error: cpu_buffers differ") and "--other.cpu_buffers=" in line, line
