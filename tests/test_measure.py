@@ -311,18 +311,25 @@ def test_known_matmul_primitives_the_counter_cannot_size_are_never_counted_as_ze
     ]
 
 
+def run_script(name: str, *args: str, data, timeout=300):
+    """experiments/<name> in a subprocess on the corpus at ``data``, compiling with most of
+    XLA's optimisations off (the programs still differ where the code does); the finished
+    process."""
+    root = Path(__file__).resolve().parents[1]
+    env = {**os.environ, "GRPO_JAX_DATA": str(data), "JAX_DISABLE_MOST_OPTIMIZATIONS": "1"}
+    cmd = [sys.executable, f"experiments/{name}", *args]
+    return subprocess.run(cmd, cwd=root, env=env, capture_output=True, text=True, timeout=timeout)
+
+
 def test_half_ab_times_what_the_swap_changed_and_names_what_it_did_not(shakespeare_path):
     """experiments/half_ab.py with the dense layers' CPU weight gradient (products.dense_dot)
     swapped for lax.dot_general: the update compiles to another program (the model uses
     dense_dot, and the swap reaches the second trace), timed in alternating calls; the
     rollout, which takes no gradient, to the same one up to names and metadata, not timed."""
-    root = Path(__file__).resolve().parents[1]
-    cmd = [sys.executable, "experiments/half_ab.py", "--config=configs/shakespeare.py:tiny,sampled",
-           "--halves=rollout,update", "--rounds=2", "--calls=2",
-           "--swap=grpo_jax.model.dense_dot=jax.lax.dot_general"]  # fmt: skip
-    env = {**os.environ, "GRPO_JAX_DATA": str(shakespeare_path),
-           "JAX_DISABLE_MOST_OPTIMIZATIONS": "1"}  # fmt: skip
-    done = subprocess.run(cmd, cwd=root, env=env, capture_output=True, text=True, timeout=300)
+    swap = "--swap=grpo_jax.model.dense_dot=jax.lax.dot_general"
+    args = ["--config=configs/shakespeare.py:tiny,sampled", "--halves=rollout,update",
+            "--rounds=2", "--calls=2", swap]  # fmt: skip
+    done = run_script("half_ab.py", *args, data=shakespeare_path)
     assert done.returncode == 0, done.stderr[-3000:]
     assert "rollout: the swap left its compiled program as it was" in done.stdout
     halves = json.loads(done.stdout.strip().splitlines()[-1])["halves"]
@@ -335,8 +342,7 @@ def test_half_ab_times_what_the_swap_changed_and_names_what_it_did_not(shakespea
         ("dense_dot=jax.lax.dot_general", "'dense_dot' is not module.attr"),
         ("grpo_jax.model.dense_dot=jax.lax", "jax.lax is not callable"),
     ):
-        bad = subprocess.run([*cmd[:3], f"--swap={swap}"], cwd=root, env=env,
-                             capture_output=True, text=True, timeout=120)  # fmt: skip
+        bad = run_script("half_ab.py", args[0], f"--swap={swap}", data=shakespeare_path)
         assert bad.returncode == 1
         assert bad.stderr.strip().splitlines()[-1] == f"error: --swap: {line}", bad.stderr
 
@@ -373,13 +379,9 @@ def test_modes_ab_times_two_configs_steps_alternately(shakespeare_path):
     """experiments/modes_ab.py on the tiny config's exhaustive (A) and sampled (B) modes: each
     side's steps timed in alternating rounds, tokens/s from the task's tokens per step, the
     ratio of the two; configs whose host memory settings differ give one error line."""
-    root = Path(__file__).resolve().parents[1]
-    cmd = [sys.executable, "experiments/modes_ab.py", "--config=configs/shakespeare.py:tiny",
-           "--other=configs/shakespeare.py:tiny,sampled", "--rounds=2", "--calls=2",
-           "--warmup=0"]  # fmt: skip
-    env = {**os.environ, "GRPO_JAX_DATA": str(shakespeare_path),
-           "JAX_DISABLE_MOST_OPTIMIZATIONS": "1"}  # fmt: skip
-    done = subprocess.run(cmd, cwd=root, env=env, capture_output=True, text=True, timeout=300)
+    args = ["--config=configs/shakespeare.py:tiny", "--other=configs/shakespeare.py:tiny,sampled",
+            "--rounds=2", "--calls=2", "--warmup=0"]  # fmt: skip
+    done = run_script("modes_ab.py", *args, data=shakespeare_path)
     assert done.returncode == 0, done.stderr[-3000:]
     rec = json.loads(done.stdout.strip().splitlines()[-1])
     a, b = rec["sides"]["A"], rec["sides"]["B"]
@@ -390,8 +392,7 @@ def test_modes_ab_times_two_configs_steps_alternately(shakespeare_path):
         assert s["tokens_per_s"] == pytest.approx(s["tokens_per_step"] / s["median_step_s"])
     assert rec["ratio"] == pytest.approx(a["tokens_per_s"] / b["tokens_per_s"])
     assert len(rec["round_ratios"]) == 2
-    bad = subprocess.run([*cmd[:4], "--other.cpu_buffers=release"], cwd=root, env=env,
-                         capture_output=True, text=True, timeout=120)  # fmt: skip
+    bad = run_script("modes_ab.py", *args[:2], "--other.cpu_buffers=release", data=shakespeare_path)
     assert bad.returncode == 1
     line = bad.stderr.strip().splitlines()[-1]
     assert line.startswith("error: cpu_buffers differ") and "--other.cpu_buffers=" in line, line
