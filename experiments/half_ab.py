@@ -23,15 +23,17 @@ import statistics
 
 import jax
 from absl import app, flags
-from measure import alternate, build_step, canonical_hlo, compile_halves, configure_host, timed
+from measure import alternate_calls, build_step, canonical_hlo, compile_halves, configure_host
 from ml_collections import config_flags
 
 FLAGS = flags.FLAGS
 config_flags.DEFINE_config_file("config", None, "Config file (path[:variant,...]).")
 flags.DEFINE_list("halves", ["update"], "The halves to compare: rollout, update or both.")
 flags.DEFINE_string("swap", None, "module.attr=module.attr: B's replacement.", required=True)
-flags.DEFINE_integer("rounds", 12, "Alternating rounds (A then B, then B then A, ...).")
-flags.DEFINE_integer("calls", 3, "Timed calls of each side per round.")
+flags.DEFINE_integer(
+    "rounds", 12, "Alternating rounds (A then B, then B then A, ...).", lower_bound=1
+)
+flags.DEFINE_integer("calls", 3, "Timed calls of each side per round.", lower_bound=1)
 
 
 def resolve(dotted: str):
@@ -46,18 +48,6 @@ def resolve(dotted: str):
     if not hasattr(mod, name):
         raise SystemExit(f"error: --swap: {module} has no attribute {name!r}")
     return mod, name
-
-
-def untimed_then_alternate(progs: dict) -> dict:
-    """{side: [seconds per call]}: one untimed call a side, then --rounds ABBA rounds of
-    --calls calls a side."""
-    for fn, args in progs.values():
-        jax.block_until_ready(fn(*args))
-    rounds = {
-        side: (lambda fn=fn, args=args: timed(fn, *args, runs=FLAGS.calls)[1])
-        for side, (fn, args) in progs.items()
-    }
-    return alternate(rounds, FLAGS.rounds)
 
 
 def main(_):
@@ -87,7 +77,7 @@ def main(_):
             print(f"{half}: the swap left its compiled program as it was; nothing compared")
             record["halves"][half] = {"same_program": True}
             continue
-        times = untimed_then_alternate(progs)
+        times = alternate_calls(progs, FLAGS.rounds, FLAGS.calls)
         med = {side: statistics.median(t) for side, t in times.items()}
         for side in "AB":
             print(f"{half} {side}: median {med[side]:.4f} s, min {min(times[side]):.4f} s")

@@ -2,6 +2,7 @@
 step built as the trainer builds it, timing, memory, and the matmul peak and floor (the FLOP
 count itself is flop_count.py)."""
 
+import functools
 import re
 import resource
 import time
@@ -66,14 +67,27 @@ def timed(fn, *args, runs=1):
 
 def alternate(sides: dict, rounds: int) -> dict:
     """{name: [seconds]} of ``rounds`` alternating rounds over two sides (A B, then B A, ...:
-    each side as often first as second), where ``sides[name]()`` runs one round of its side
-    and returns that round's seconds."""
+    with an even number of rounds, each side as often first as second), where
+    ``sides[name]()`` runs one round of its side and returns that round's seconds."""
     first, second = sides
     times = {first: [], second: []}
     for r in range(rounds):
         for name in (first, second) if r % 2 == 0 else (second, first):
             times[name] += sides[name]()
     return times
+
+
+def alternate_calls(progs: dict, rounds: int, calls: int) -> dict:
+    """{side: [seconds per call]} of two programs on fixed arguments (``progs[side]`` is
+    (fn, args)): one untimed call a side, then ``rounds`` alternating rounds (alternate) of
+    ``calls`` calls a side."""
+    for fn, args in progs.values():
+        jax.block_until_ready(fn(*args))
+
+    def round_of(fn, args) -> list:
+        return timed(fn, *args, runs=calls)[1]
+
+    return alternate({side: functools.partial(round_of, *p) for side, p in progs.items()}, rounds)
 
 
 def compile_halves(step, state, inputs, batch):

@@ -10,12 +10,14 @@ with them; in one process, with the rounds interleaved, both sides see the same 
       --other=configs/shakespeare.py:sampled
 
 Both configs must agree on ``cpu_buffers`` (host memory is set once, before jax starts).
-Prints each side's median step, tokens/s and the ratio per round pair, then the JSON record.
+Prints each side's median step and tokens/s, the ratio and its range over the round pairs,
+then the JSON record (each round pair's ratio, and the steps each side's state has taken).
 """
 
 import json
 import statistics
 
+import jax
 from absl import app, flags
 from measure import alternate, build_step, compile_step, configure_host, timed
 from ml_collections import config_flags
@@ -24,7 +26,9 @@ FLAGS = flags.FLAGS
 config_flags.DEFINE_config_file("config", None, "Side A's config file (path[:variant,...]).")
 config_flags.DEFINE_config_file("other", None, "Side B's config file (path[:variant,...]).")
 flags.DEFINE_integer("warmup", 2, "Untimed steps a side after compilation.", lower_bound=0)
-flags.DEFINE_integer("rounds", 8, "Alternating rounds (A then B, then B then A, ...).")
+flags.DEFINE_integer(
+    "rounds", 8, "Alternating rounds (A then B, then B then A, ...).", lower_bound=1
+)
 flags.DEFINE_integer("calls", 3, "Timed steps of each side per round.", lower_bound=1)
 
 
@@ -35,6 +39,7 @@ def side(config) -> dict:
     run = compiled if compiled is not None else jstep
     for _ in range(FLAGS.warmup):
         state, _ = run(state, inputs)
+    jax.block_until_ready(state)  # the first timed step starts on an idle machine
     return dict(
         run=run, state=state, inputs=inputs, tokens=task.tokens_per_step, compile_s=compile_s
     )
@@ -72,6 +77,7 @@ def main(_):
         record["sides"][name] = dict(
             tokens_per_step=s["tokens"], median_step_s=med, min_step_s=min(times[name]),
             tokens_per_s=tps, compile_s=s["compile_s"], times_s=times[name],
+            state_steps=int(s["state"].step),
         )  # fmt: skip
         print(f"{name}: median {med:.4f} s, min {min(times[name]):.4f} s, {tps:.0f} tokens/s")
     # each round pair's ratio (A and B timed next to each other) shows the spread

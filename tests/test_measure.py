@@ -311,6 +311,26 @@ def test_known_matmul_primitives_the_counter_cannot_size_are_never_counted_as_ze
     ]
 
 
+def test_alternate_calls_times_each_sides_own_program_after_one_untimed_call():
+    """measure.alternate_calls: one untimed call of A then B, then rounds of ``calls`` calls
+    of each side's own function on its own arguments, in alternate's order."""
+    ran = []
+
+    def prog(name):
+        def fn(x):
+            ran.append((name, x))
+            return jnp.zeros(())
+
+        return fn
+
+    progs = {"A": (prog("A"), (1,)), "B": (prog("B"), (2,))}
+    times = measure.alternate_calls(progs, rounds=2, calls=2)
+    a, b = ("A", 1), ("B", 2)
+    assert ran == [a, b, a, a, b, b, b, b, a, a]
+    assert [len(times[side]) for side in "AB"] == [4, 4]
+    assert all(t >= 0 for side in "AB" for t in times[side])
+
+
 def run_script(name: str, *args: str, data, timeout=300):
     """experiments/<name> in a subprocess on the corpus at ``data``, compiling with most of
     XLA's optimisations off (the programs still differ where the code does); the finished
@@ -391,7 +411,11 @@ def test_modes_ab_times_two_configs_steps_alternately(shakespeare_path):
         assert len(s["times_s"]) == 4 and s["median_step_s"] == np.median(s["times_s"])
         assert s["tokens_per_s"] == pytest.approx(s["tokens_per_step"] / s["median_step_s"])
     assert rec["ratio"] == pytest.approx(a["tokens_per_s"] / b["tokens_per_s"])
-    assert len(rec["round_ratios"]) == 2
+    # each side stepped its own state: no warm-up, 2 rounds of 2 steps
+    assert a["state_steps"] == b["state_steps"] == 4
+    tps = lambda s, r: s["tokens_per_step"] / np.median(s["times_s"][2 * r : 2 * r + 2])
+    want = [tps(a, r) / tps(b, r) for r in range(2)]
+    np.testing.assert_allclose(rec["round_ratios"], want, rtol=1e-12)
     bad = run_script("modes_ab.py", *args[:2], "--other.cpu_buffers=release", data=shakespeare_path)
     assert bad.returncode == 1
     line = bad.stderr.strip().splitlines()[-1]
