@@ -17,9 +17,8 @@ then the JSON record (each round pair's ratio, and the steps each side's state h
 import json
 import statistics
 
-import jax
 from absl import app, flags
-from measure import alternate, build_step, compile_step, configure_host, timed
+from measure import alternate, build_step, configure_host, run_steps, time_train_step
 from ml_collections import config_flags
 
 FLAGS = flags.FLAGS
@@ -33,26 +32,21 @@ flags.DEFINE_integer("calls", 3, "Timed steps of each side per round.", lower_bo
 
 
 def side(config) -> dict:
-    """One side: its compiled donating step, state, inputs and tokens per step."""
+    """One side: its compiled donating step (measure.time_train_step, with --warmup untimed
+    steps), state, inputs and tokens per step."""
     task, _, jstep, state, inputs, _, _ = build_step(config)
-    compiled, state, compile_s = compile_step(jstep, state, inputs)
+    compiled, state, _, compile_s, _ = time_train_step(jstep, state, inputs, FLAGS.warmup, 0)
     run = compiled if compiled is not None else jstep
-    for _ in range(FLAGS.warmup):
-        state, _ = run(state, inputs)
-    jax.block_until_ready(state)  # the first timed step starts on an idle machine
     return dict(
         run=run, state=state, inputs=inputs, tokens=task.tokens_per_step, compile_s=compile_s
     )
 
 
 def one_round(s: dict):
-    """A round of --calls steps of side ``s``, its state carried from step to step."""
+    """A round of --calls timed steps of side ``s`` (measure.run_steps), its state carried."""
 
     def run() -> list:
-        times = []
-        for _ in range(FLAGS.calls):
-            (s["state"], _), t = timed(s["run"], s["state"], s["inputs"])
-            times += t
+        s["state"], _, times = run_steps(s["run"], s["state"], s["inputs"], 0, FLAGS.calls)
         return times
 
     return run
