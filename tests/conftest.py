@@ -1,11 +1,42 @@
 """Shared pytest fixtures and helpers."""
 
 import os
+import subprocess
+import sys
 import time
 from pathlib import Path
 
-import jax
-import pytest
+# XLA:CPU's older loop emitters for every fusion, in this process and (through the
+# environment) in every process a test starts. The suite is mostly compiles of small
+# programs at backend optimisation level 0, and there the MLIR fusion emitters cost most of a
+# compile: the tiny sampled and exhaustive steps compiled in 1.8 s instead of 4.8, and the
+# whole suite (`-n 2`) took 6:57 instead of 12:00 on a 2-core machine (2026-11-28, jax 0.10.2).
+# Not a setting for real runs: at full optimisation the same flag made the reference step
+# compile in 10 s instead of 6.5 and run 0.39 s instead of 0.24-0.28. The values tests
+# compare are computed under the same flag on both sides, and within tolerances of the
+# independent references either way.
+SUITE_XLA_FLAG = "--xla_cpu_use_fusion_emitters=false"
+
+
+def _xla_knows(flag: str) -> bool:
+    """Whether this jaxlib accepts ``flag``: XLA aborts the process on an unknown one, so a
+    jaxlib that has dropped it must not be handed it (the suite then only runs slower)."""
+    env = {**os.environ, "XLA_FLAGS": flag, "JAX_PLATFORMS": "cpu"}
+    probe = [sys.executable, "-c", "import jax; jax.devices()"]
+    return subprocess.run(probe, env=env, capture_output=True).returncode == 0
+
+
+if SUITE_XLA_FLAG.split("=")[0] not in os.environ.get("XLA_FLAGS", ""):  # once per session:
+    # pytest-xdist's workers inherit the controller's environment
+    if _xla_knows(SUITE_XLA_FLAG):
+        os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {SUITE_XLA_FLAG}".strip()
+
+import jax  # noqa: E402  (after XLA_FLAGS: the backend reads them when it starts)
+import pytest  # noqa: E402
+
+
+def pytest_report_header(config):
+    return f"XLA_FLAGS: {os.environ.get('XLA_FLAGS', '')!r}"
 
 
 @pytest.fixture(scope="session")
