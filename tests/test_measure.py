@@ -331,14 +331,40 @@ def test_alternate_calls_times_each_sides_own_program_after_one_untimed_call():
     assert all(t >= 0 for side in "AB" for t in times[side])
 
 
-def run_script(name: str, *args: str, data, timeout=300):
+def run_script(name: str, *args: str, data, timeout=300, **env_vars):
     """experiments/<name> in a subprocess on the corpus at ``data``, compiling with most of
-    XLA's optimisations off (the programs still differ where the code does); the finished
-    process."""
+    XLA's optimisations off (the programs still differ where the code does), with
+    ``env_vars`` set too; the finished process."""
     root = Path(__file__).resolve().parents[1]
     env = {**os.environ, "GRPO_JAX_DATA": str(data), "JAX_DISABLE_MOST_OPTIMIZATIONS": "1"}
+    env.update(env_vars)
     cmd = [sys.executable, f"experiments/{name}", *args]
     return subprocess.run(cmd, cwd=root, env=env, capture_output=True, text=True, timeout=timeout)
+
+
+def test_rollout_devices_ab_splits_the_step_and_trains_as_one_program(shakespeare_path):
+    """experiments/rollout_devices_ab.py on the tiny sampled step: the rollout on two CPU
+    devices and the update on one time alternately against the one-program step, and a step
+    taken both ways from one state gives the same loss and params; too few host devices in
+    the caller's XLA_FLAGS give one error line."""
+    args = ["--config=configs/shakespeare.py:tiny,sampled", "--rounds=2", "--calls=2"]
+    done = run_script("rollout_devices_ab.py", *args, data=shakespeare_path)
+    assert done.returncode == 0, done.stderr[-3000:]
+    rec = json.loads(done.stdout.strip().splitlines()[-1])
+    sides = rec["sides"]
+    assert [len(sides[k]["times_s"]) for k in ("split", "fused")] == [4, 4]
+    for side in sides.values():
+        assert side["median_step_s"] == np.median(side["times_s"])
+    assert rec["ratio"] == pytest.approx(
+        sides["split"]["median_step_s"] / sides["fused"]["median_step_s"]
+    )
+    assert rec["loss_split"] == pytest.approx(rec["loss_fused"], rel=1e-6)
+    assert rec["max_param_diff"] <= 1e-6
+    flags = os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=1"
+    bad = run_script("rollout_devices_ab.py", *args, data=shakespeare_path, XLA_FLAGS=flags)
+    assert bad.returncode == 1
+    line = bad.stderr.strip().splitlines()[-1]
+    assert line == "error: XLA_FLAGS asks for 1 CPU devices; --rollout_devices=2", line
 
 
 def test_half_ab_times_what_the_swap_changed_and_names_what_it_did_not(shakespeare_path):
