@@ -139,6 +139,17 @@ def run_steps(run, state, inputs, warmup: int, steps: int):
     return state, metrics, times
 
 
+def stepping_round(side: dict, calls: int):
+    """A round for ``alternate``: ``calls`` timed steps of ``side["run"]`` (run_steps), the
+    state carried in ``side["state"]`` from step to step and from round to round."""
+
+    def run() -> list:
+        side["state"], _, times = run_steps(side["run"], side["state"], side["inputs"], 0, calls)
+        return times
+
+    return run
+
+
 def time_train_step(jitted_step, state, inputs, warmup: int, steps: int):
     """compile_step under device_lock.shared(), then run_steps under device_lock.timed()
     (no-ops unless gpu_suite.py runs children side by side).

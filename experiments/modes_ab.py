@@ -18,7 +18,7 @@ import json
 import statistics
 
 from absl import app, flags
-from measure import alternate, build_step, configure_host, run_steps, time_train_step
+from measure import alternate, build_step, configure_host, stepping_round, time_train_step
 from ml_collections import config_flags
 
 FLAGS = flags.FLAGS
@@ -42,16 +42,6 @@ def side(config) -> dict:
     )
 
 
-def one_round(s: dict):
-    """A round of --calls timed steps of side ``s`` (measure.run_steps), its state carried."""
-
-    def run() -> list:
-        s["state"], _, times = run_steps(s["run"], s["state"], s["inputs"], 0, FLAGS.calls)
-        return times
-
-    return run
-
-
 def main(_):
     a, b = FLAGS.config, FLAGS.other
     if a is None or b is None:
@@ -63,7 +53,8 @@ def main(_):
         )
     configure_host(a)
     sides = {"A": side(a), "B": side(b)}
-    times = alternate({name: one_round(s) for name, s in sides.items()}, FLAGS.rounds)
+    rounds = {name: stepping_round(s, FLAGS.calls) for name, s in sides.items()}
+    times = alternate(rounds, FLAGS.rounds)
     record = {"rounds": FLAGS.rounds, "calls": FLAGS.calls, "sides": {}}
     for name, s in sides.items():
         med = statistics.median(times[name])

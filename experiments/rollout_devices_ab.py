@@ -7,11 +7,12 @@ process, timed in alternating rounds (measure.alternate):
      mesh for the next step: two programs a step;
   B: the whole step as one program on device 0 (what the trainer runs with mesh.data=1).
 
-Both sides carry one state (B's output feeds A's next round and the other way round), so they
-step the same run. XLA_FLAGS gets ``--xla_force_host_platform_device_count`` before jax starts
-(at least ``--rollout_devices``). Prints each side's median step and the ratio A ÷ B (below 1:
+Each side steps its own copy of one state (measure.stepping_round). XLA_FLAGS gets
+``--xla_force_host_platform_device_count`` (at least ``--rollout_devices``) before jax
+starts. Prints each side's median step and the ratio A ÷ B (below 1:
 the split is faster), then a JSON record with every timed step and one step taken both ways
-from one state (both losses, the largest difference of the new params):
+from one state (same_step: the two rollouts' batches compared, both losses, the new params'
+largest difference beside the step's largest update):
 
   python experiments/rollout_devices_ab.py --config=configs/shakespeare.py:sampled \\
       --config.group.size=8 --config.reference.kind=policy --config.grpo.kl_estimator=k3 \\
@@ -34,12 +35,13 @@ from ml_collections import config_flags
 FLAGS = flags.FLAGS
 config_flags.DEFINE_config_file("config", None, "Config file (path[:variant,...]).")
 flags.DEFINE_integer("rollout_devices", 2, "CPU devices of the rollout's data mesh.", lower_bound=2)
+flags.DEFINE_integer("warmup", 2, "Untimed steps a side after compilation.", lower_bound=0)
 flags.DEFINE_integer("rounds", 6, "Alternating rounds (A then B, then B then A, ...).")
 flags.DEFINE_integer("calls", 4, "Timed steps of each side per round.", lower_bound=1)
 
 
 def host_devices(n: int) -> None:
-    """At least ``n`` CPU devices, set in XLA_FLAGS before jax reads it."""
+    """At least ``n`` CPU devices, set in XLA_FLAGS before jax starts its backend."""
     xla = os.environ.get("XLA_FLAGS", "")
     have = re.search(r"--xla_force_host_platform_device_count=(\d+)", xla)
     if have is None:
@@ -48,10 +50,13 @@ def host_devices(n: int) -> None:
         sys.exit(f"error: XLA_FLAGS asks for {have.group(1)} CPU devices; --rollout_devices={n}")
 
 
-def sides(config):
-    """{"split": round(), "fused": round()} over one shared state (see the module docstring)."""
+def sides(config) -> dict:
+    """({"split": side, "fused": side} as measure.stepping_round takes them (run, state,
+    inputs), each stepping its own copy of one state, warmed up by --warmup steps; each
+    way's rollout alone, state -> batch on device 0)."""
     import jax
-    from measure import build_step, timed
+    import jax.numpy as jnp
+    from measure import build_step, run_steps
 
     one, split = config.copy_and_resolve_references(), config.copy_and_resolve_references()
     for c, data in ((one, 1), (split, FLAGS.rollout_devices)):
@@ -61,50 +66,63 @@ def sides(config):
     rollout, update = jax.jit(two_step.rollout), jax.jit(one_step.update, donate_argnums=0)
     on_two = jax.tree.map(lambda a: a.sharding, two_state)
     on_one = jax.sharding.SingleDeviceSharding(jax.devices()[0])
-    box = {"state": state}
 
-    def split_step(state):
-        batch = jax.device_put(rollout(jax.device_put(state, on_two), two_inputs), on_one)
-        return update(state, inputs, batch, None)
+    def split_rollout(state):
+        return jax.device_put(rollout(jax.device_put(state, on_two), two_inputs), on_one)
 
-    def fused_step(state):
-        return fused(state, inputs)
+    def split_step(state, inputs):
+        return update(state, inputs, split_rollout(state), None)
 
-    def round_of(fn):
-        def run() -> list:
-            times = []
-            for _ in range(FLAGS.calls):
-                (box["state"], _), (t,) = timed(fn, box["state"])
-                times.append(t)
-            return times
-
-        return run
-
-    for fn in (split_step, fused_step) * 2:  # compiles, then one untimed step each
-        box["state"], _ = jax.block_until_ready(fn(box["state"]))
-    agree = same_step(split_step, fused_step, box["state"])
-    return {"split": round_of(split_step), "fused": round_of(fused_step)}, agree
+    out = {}
+    for name, run in (("split", split_step), ("fused", fused)):
+        copy = jax.tree.map(jnp.copy, state)  # both donate their state
+        copy, _, _ = run_steps(run, copy, inputs, FLAGS.warmup, 0)  # compiles, then warms up
+        out[name] = {"run": run, "state": copy, "inputs": inputs}
+    one_rollout = jax.jit(one_step.rollout)
+    return out, {"split": split_rollout, "fused": lambda state: one_rollout(state, inputs)}
 
 
-def same_step(split_step, fused_step, state) -> dict:
-    """One step both ways from copies of one state: both losses and the largest difference
-    between the two new params (the split must train as the one program does)."""
+def same_step(sides: dict, rollouts: dict) -> dict:
+    """One step both ways from copies of one state (the fused side's). The rollouts' batches:
+    how many integer entries (tokens, lengths) differ and the largest float difference. The
+    steps: both losses, the largest difference between the two new params, and the largest
+    change the one-program step made to a param. Adam's update is about the learning rate
+    wherever a gradient is not tiny against its running scale, so two programs that round
+    one near-zero gradient differently can differ there by a fraction of the update."""
     import jax
     import jax.numpy as jnp
 
-    (a, ma), (b, mb) = (f(jax.tree.map(jnp.copy, state)) for f in (split_step, fused_step))
-    diffs = jax.tree.leaves(jax.tree.map(lambda x, y: jnp.max(jnp.abs(x - y)), a.params, b.params))
-    return {"loss_split": float(ma["loss"]), "loss_fused": float(mb["loss"]),
-            "max_param_diff": float(max(diffs))}  # fmt: skip
+    start, inputs = sides["fused"]["state"], sides["fused"]["inputs"]
+    pairs = zip(*(jax.tree.leaves(rollouts[k](start)) for k in ("split", "fused")), strict=True)
+    ints, floats = 0, 0.0
+    for x, y in pairs:
+        if jnp.issubdtype(x.dtype, jnp.floating):
+            floats = max(floats, float(jnp.max(jnp.abs(x - y), initial=0.0)))
+        else:
+            ints += int(jnp.sum(x != y))
+    (a, ma), (b, mb) = (
+        s["run"](jax.tree.map(jnp.copy, start), inputs) for s in (sides["split"], sides["fused"])
+    )
+
+    def largest(t, u) -> float:
+        return float(max(jax.tree.leaves(jax.tree.map(lambda x, y: jnp.max(jnp.abs(x - y)), t, u))))
+
+    return {"batch_ints_differ": ints, "batch_max_diff": floats,
+            "loss_split": float(ma["loss"]), "loss_fused": float(mb["loss"]),
+            "max_param_diff": largest(a.params, b.params),
+            "max_update": largest(b.params, start.params)}  # fmt: skip
 
 
 def main(argv):
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {argv[1:]}")
-    from measure import alternate, configure_host
+    host_devices(FLAGS.rollout_devices)  # measure imports jax; its backend starts later
+    from measure import alternate, configure_host, stepping_round
 
     configure_host(FLAGS.config)
-    rounds, agree = sides(FLAGS.config)
+    both, rollouts = sides(FLAGS.config)
+    agree = same_step(both, rollouts)
+    rounds = {name: stepping_round(s, FLAGS.calls) for name, s in both.items()}
     times = alternate(rounds, FLAGS.rounds)
     med = {k: statistics.median(v) for k, v in times.items()}
     ratio = med["split"] / med["fused"]
@@ -117,6 +135,4 @@ def main(argv):
 
 if __name__ == "__main__":
     flags.mark_flags_as_required(["config"])
-    given = [a.split("=", 1)[1] for a in sys.argv if a.startswith("--rollout_devices=")]
-    host_devices(int(given[-1]) if given else 2)
     app.run(main)

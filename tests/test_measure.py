@@ -345,7 +345,8 @@ def run_script(name: str, *args: str, data, timeout=300, **env_vars):
 def test_rollout_devices_ab_splits_the_step_and_trains_as_one_program(shakespeare_path):
     """experiments/rollout_devices_ab.py on the tiny sampled step: the rollout on two CPU
     devices and the update on one time alternately against the one-program step, and a step
-    taken both ways from one state gives the same loss and params; too few host devices in
+    taken both ways from one state samples the same batch and trains to the same loss and
+    params; too few host devices in
     the caller's XLA_FLAGS give one error line."""
     args = ["--config=configs/shakespeare.py:tiny,sampled", "--rounds=2", "--calls=2"]
     done = run_script("rollout_devices_ab.py", *args, data=shakespeare_path)
@@ -358,8 +359,12 @@ def test_rollout_devices_ab_splits_the_step_and_trains_as_one_program(shakespear
     assert rec["ratio"] == pytest.approx(
         sides["split"]["median_step_s"] / sides["fused"]["median_step_s"]
     )
+    # the same samples, their log-probs to rounding, the same loss; the new params within 1 %
+    # of the step's largest update (Adam can turn a near-zero gradient's rounding into a
+    # visible part of an update: 1.6e-5 of 5.5e-3 after two warm-up steps)
+    assert rec["batch_ints_differ"] == 0 and rec["batch_max_diff"] <= 1e-5
     assert rec["loss_split"] == pytest.approx(rec["loss_fused"], rel=1e-6)
-    assert rec["max_param_diff"] <= 1e-6
+    assert 0 < rec["max_update"] and rec["max_param_diff"] <= 0.01 * rec["max_update"]
     flags = os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=1"
     bad = run_script("rollout_devices_ab.py", *args, data=shakespeare_path, XLA_FLAGS=flags)
     assert bad.returncode == 1
