@@ -27,6 +27,11 @@ prompt's keys and the member's own, one query per member:
   then only each member's written slots, a chunk of keys at a time under an online softmax. It
   reads the own cache up to the step's slot, where the forms above read all S slots every step.
   On a CPU it runs interpreted (``pallas_interpreted``; its time there means nothing).
+- ``flash``: jax's own Pallas (Triton) flash-decoding kernel
+  (``jax.experimental.pallas.ops.gpu.decode_attention.mqa``), called twice and merged by its
+  residuals (``flash``): the prompt read once per (prompt, head) for all its G members'
+  queries, as tensor-core products in parallel splits of its keys, then each member's own
+  slots up to the step's only. Interpreted on a CPU, like ``pallas_m<M>``.
 
 Each runs ``--steps`` decode steps in one jitted ``fori_loop`` (the cache donated): step i
 writes its key and value at slot i and attends to slots <= i, as the decode loop does. Per
@@ -39,6 +44,7 @@ that time. The last printed line is the JSON record.
   python experiments/decode_ops.py --smoke                          # tiny, float32, a CPU
 """
 
+import functools
 import json
 import statistics
 import sys
@@ -49,6 +55,7 @@ import jax
 import jax.numpy as jnp
 from absl import app, flags
 from gpu_suite_report import slug  # the suite's file names for a device
+from jax.experimental.pallas.ops.gpu import decode_attention
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from grpo_jax import decode_kernel
@@ -136,6 +143,46 @@ def joint(q, pk, pv, pmask, ck, cv, mask, implementation: str):
     return out.reshape(b, g, h, d)
 
 
+FLASH_PROMPT_SPLITS = 4  # flash: the prompt's keys in this many parallel splits (>= 16 each)
+FLASH_BLOCK = 32  # flash: own-cache keys per block (>= 16, dividing --cache)
+
+
+def flash(q, pk, pv, pmask, ck, cv, i, interpret=None):
+    """The step's attention through jax's maintained flash-decoding kernel (``mqa``), which
+    takes one key set per batch row and any number of queries against it, twice:
+
+    - the prompt: a row per (prompt, head), its G members' queries against its keys (the
+      prompt read once for all of them, not once per member), the keys in
+      FLASH_PROMPT_SPLITS parallel splits, the real ones from ``start_idx`` on (prompts are
+      left-padded: their real keys are the last ``pmask.sum()``);
+    - the own cache: a row per (prompt, member, head), one query against its own slots,
+      read only up to slot i (``kv_seq_len``), FLASH_BLOCK keys at a time.
+
+    Each call returns its weighted values unnormalised, with the rows' score maximum and
+    exponential sum (``return_residuals``); they are merged here in float32 into the one
+    softmax over both key sets. The kernel's outputs are in the compute dtype. ``interpret``
+    (default: on a CPU) runs the kernel through JAX's interpreter."""
+    b, g, h, d = q.shape
+    p = pk.shape[2]
+    interpret = jax.default_backend() == "cpu" if interpret is None else interpret
+    run = functools.partial(decode_attention.mqa, sm_scale=d**-0.5, interpret=interpret,
+                            return_residuals=True, normalize_output=False)  # fmt: skip
+    start = jnp.repeat(p - jnp.sum(pmask, axis=-1), h)  # [B * h]: each row's first real key
+    rows = lambda x, n: x.reshape(n, *x.shape[-2:])
+    o_p, (l_p, m_p) = run(rows(q.transpose(0, 2, 1, 3), b * h), rows(pk, b * h), rows(pv, b * h),
+                          start_idx=start, k_splits=FLASH_PROMPT_SPLITS)  # fmt: skip
+    n = b * g * h
+    o_s, (l_s, m_s) = run(q.reshape(n, 1, d), rows(ck, n), rows(cv, n), kv_seq_len=i + 1,
+                          k_splits=1, block_k=FLASH_BLOCK)  # fmt: skip
+    members = lambda x: x.reshape(b, h, g, *x.shape[2:]).swapaxes(1, 2)  # [B, G, h, ...]
+    o_p, l_p, m_p = members(o_p), members(l_p), members(m_p)
+    o_s, l_s, m_s = o_s.reshape(b, g, h, d), l_s.reshape(b, g, h), m_s.reshape(b, g, h)
+    m = jnp.maximum(m_p, m_s)
+    a_p, a_s = jnp.exp(m_p - m), jnp.exp(m_s - m)
+    out = o_p.astype(jnp.float32) * a_p[..., None] + o_s.astype(jnp.float32) * a_s[..., None]
+    return (out / (l_p * a_p + l_s * a_s)[..., None]).astype(q.dtype)
+
+
 def step_fn(variant: str):
     """(q, k_new, v_new, pk, pv, pmask, ck, cv, i) -> (out [B, G, h, d], ck, cv)."""
     s_minor = variant in S_MINOR
@@ -154,6 +201,8 @@ def step_fn(variant: str):
             members = int(variant.removeprefix("pallas_m"))
             out = decode_kernel.attention(q, pk, pv, pmask, ck, cv, i, members, FLAGS.warps)
             return out, ck, cv
+        if variant == "flash":
+            return flash(q, pk, pv, pmask, ck, cv, i), ck, cv
         if variant.startswith("dpa_"):
             return joint(q, pk, pv, pmask, ck, cv, mask, variant[4:]), ck, cv
         one = "one_softmax" in variant
@@ -253,7 +302,7 @@ def main(argv):
     step_bytes = item * (2 * b * h * FLAGS.prompt_len * d + 2 * b * g * h * FLAGS.cache * d)
     results, want = {}, None
     members = members_counts()
-    for variant in (*XLA_FORMS, *(f"pallas_m{m}" for m in members)):
+    for variant in (*XLA_FORMS, *(f"pallas_m{m}" for m in members), "flash"):
         res = measure(variant, args, empty, want)
         want = res.pop("output", want) if variant == "model" else want
         res.pop("output", None)
