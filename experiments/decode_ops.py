@@ -55,7 +55,6 @@ import jax
 import jax.numpy as jnp
 from absl import app, flags
 from gpu_suite_report import slug  # the suite's file names for a device
-from jax.experimental.pallas.ops.gpu import decode_attention
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from grpo_jax import decode_kernel
@@ -162,6 +161,9 @@ def flash(q, pk, pv, pmask, ck, cv, i, interpret=None):
     exponential sum (``return_residuals``); they are merged here in float32 into the one
     softmax over both key sets. The kernel's outputs are in the compute dtype. ``interpret``
     (default: on a CPU) runs the kernel through JAX's interpreter."""
+    # imported here: a jax without it fails this form alone (measure records the error)
+    from jax.experimental.pallas.ops.gpu import decode_attention
+
     b, g, h, d = q.shape
     p = pk.shape[2]
     interpret = jax.default_backend() == "cpu" if interpret is None else interpret
