@@ -27,11 +27,12 @@ prompt's keys and the member's own, one query per member:
   then only each member's written slots, a chunk of keys at a time under an online softmax. It
   reads the own cache up to the step's slot, where the forms above read all S slots every step.
   On a CPU it runs interpreted (``pallas_interpreted``; its time there means nothing).
-- ``flash``: jax's own Pallas (Triton) flash-decoding kernel
-  (``jax.experimental.pallas.ops.gpu.decode_attention.mqa``), called twice and merged by its
-  residuals (``flash``): the prompt read once per (prompt, head) for all its G members'
-  queries, as tensor-core products in parallel splits of its keys, then each member's own
-  slots up to the step's only. Interpreted on a CPU, like ``pallas_m<M>``.
+- ``flash_s<K>``, one per ``--flash_splits`` count K: jax's own Pallas (Triton)
+  flash-decoding kernel (``jax.experimental.pallas.ops.gpu.decode_attention.mqa``), called
+  twice and merged by its residuals (``flash``): the prompt read once per (prompt, head) for
+  all its G members' queries, as tensor-core products in parallel splits of its keys, then
+  each member's own slots up to the step's only, the cache in K parallel splits. Interpreted
+  on a CPU, like ``pallas_m<M>``.
 
 Each runs ``--steps`` decode steps in one jitted ``fori_loop`` (the cache donated): step i
 writes its key and value at slot i and attends to slots <= i, as the decode loop does. Per
@@ -77,6 +78,12 @@ flags.DEFINE_list(
     "this process, so the XLA forms compile and run once (a GPU lease's minutes).",
 )
 flags.DEFINE_integer("warps", 4, "pallas: warps per program (Triton's num_warps).")
+flags.DEFINE_list(
+    "flash_splits",
+    ["1", "4"],
+    "flash: parallel splits of the member cache (each a whole number of 32-slot blocks); one "
+    "variant per count (flash_s<K>), in this process.",
+)
 flags.DEFINE_bool("smoke", False, "Tiny sizes in float32 (a CPU, seconds).")
 flags.DEFINE_string("out_dir", "", "Also write decode_ops_<device>.json and .md there.")
 
@@ -146,7 +153,7 @@ FLASH_PROMPT_SPLITS = 4  # flash: the prompt's keys in this many parallel splits
 FLASH_BLOCK = 32  # flash: own-cache keys per block (>= 16, dividing --cache)
 
 
-def flash(q, pk, pv, pmask, ck, cv, i, interpret=None):
+def flash(q, pk, pv, pmask, ck, cv, i, own_splits=1, interpret=None):
     """The step's attention through jax's maintained flash-decoding kernel (``mqa``), which
     takes one key set per batch row and any number of queries against it, twice:
 
@@ -155,7 +162,8 @@ def flash(q, pk, pv, pmask, ck, cv, i, interpret=None):
       FLASH_PROMPT_SPLITS parallel splits, the real ones from ``start_idx`` on (prompts are
       left-padded: their real keys are the last ``pmask.sum()``);
     - the own cache: a row per (prompt, member, head), one query against its own slots,
-      read only up to slot i (``kv_seq_len``), FLASH_BLOCK keys at a time.
+      read only up to slot i (``kv_seq_len``), FLASH_BLOCK keys at a time, in ``own_splits``
+      parallel splits of the cache (a split wholly past slot i reads nothing).
 
     Each call returns its weighted values unnormalised, with the rows' score maximum and
     exponential sum (``return_residuals``); they are merged here in float32 into the one
@@ -175,7 +183,7 @@ def flash(q, pk, pv, pmask, ck, cv, i, interpret=None):
                           start_idx=start, k_splits=FLASH_PROMPT_SPLITS)  # fmt: skip
     n = b * g * h
     o_s, (l_s, m_s) = run(q.reshape(n, 1, d), rows(ck, n), rows(cv, n), kv_seq_len=i + 1,
-                          k_splits=1, block_k=FLASH_BLOCK)  # fmt: skip
+                          k_splits=own_splits, block_k=FLASH_BLOCK)  # fmt: skip
     members = lambda x: x.reshape(b, h, g, *x.shape[2:]).swapaxes(1, 2)  # [B, G, h, ...]
     o_p, l_p, m_p = members(o_p), members(l_p), members(m_p)
     o_s, l_s, m_s = o_s.reshape(b, g, h, d), l_s.reshape(b, g, h), m_s.reshape(b, g, h)
@@ -203,8 +211,8 @@ def step_fn(variant: str):
             members = int(variant.removeprefix("pallas_m"))
             out = decode_kernel.attention(q, pk, pv, pmask, ck, cv, i, members, FLAGS.warps)
             return out, ck, cv
-        if variant == "flash":
-            return flash(q, pk, pv, pmask, ck, cv, i), ck, cv
+        if variant.startswith("flash_s"):
+            return flash(q, pk, pv, pmask, ck, cv, i, int(variant.removeprefix("flash_s"))), ck, cv
         if variant.startswith("dpa_"):
             return joint(q, pk, pv, pmask, ck, cv, mask, variant[4:]), ck, cv
         one = "one_softmax" in variant
@@ -271,20 +279,19 @@ def measure(variant: str, args, empty, want) -> dict:
             "max_rel_deviation": err, "output": got}  # fmt: skip
 
 
-def members_counts() -> list[int]:
-    """--members as integers, each dividing --group (the kernel's programs split a prompt's
-    members evenly)."""
+def counts(name: str, fits, needs: str) -> list[int]:
+    """A list flag ``--name`` as positive integers, each one ``fits``."""
+    given = getattr(FLAGS, name)
     try:
-        counts = [int(m) for m in FLAGS.members]
+        values = [int(m) for m in given]
     except ValueError:
-        given = ",".join(FLAGS.members)
-        raise app.UsageError(f"--members={given}: give integers, e.g. 1,4,16") from None
-    if not counts:
-        raise app.UsageError("--members is empty: give counts, e.g. 1,4,16")
-    bad = [m for m in counts if m < 1 or FLAGS.group % m]
+        raise app.UsageError(f"--{name}={','.join(given)}: give integers, e.g. 1,4") from None
+    if not values:
+        raise app.UsageError(f"--{name} is empty: give counts, e.g. 1,4")
+    bad = [m for m in values if m < 1 or not fits(m)]
     if bad:
-        raise app.UsageError(f"--members: {bad} do not divide --group={FLAGS.group}")
-    return counts
+        raise app.UsageError(f"--{name}: {bad} {needs}")
+    return values
 
 
 def main(argv):
@@ -292,7 +299,8 @@ def main(argv):
         raise app.UsageError(f"unexpected arguments: {argv[1:]}")
     if FLAGS.smoke:
         tiny = dict(prompts=2, group=4, heads=2, head_dim=8, prompt_len=128, cache=64, steps=40)
-        for name, value in dict(tiny, runs=2, dtype="float32").items():
+        # the cache's two 32-slot blocks in one or two splits
+        for name, value in dict(tiny, runs=2, dtype="float32", flash_splits=["1", "2"]).items():
             setattr(FLAGS, name, value)
     if FLAGS.steps > FLAGS.cache:
         raise app.UsageError(f"--steps={FLAGS.steps} exceeds --cache={FLAGS.cache}: set them equal")
@@ -303,8 +311,12 @@ def main(argv):
     # the least a step reads: the prompt's keys and values, the whole static member cache
     step_bytes = item * (2 * b * h * FLAGS.prompt_len * d + 2 * b * g * h * FLAGS.cache * d)
     results, want = {}, None
-    members = members_counts()
-    for variant in (*XLA_FORMS, *(f"pallas_m{m}" for m in members), "flash"):
+    # the kernel's programs split a prompt's members evenly
+    members = counts("members", lambda m: FLAGS.group % m == 0, f"do not divide --group={g}")
+    blocks = f"do not split --cache={FLAGS.cache} into {FLASH_BLOCK}-slot blocks"
+    splits = counts("flash_splits", lambda k: FLAGS.cache % (k * FLASH_BLOCK) == 0, blocks)
+    variants = (*XLA_FORMS, *(f"pallas_m{m}" for m in members), *(f"flash_s{k}" for k in splits))
+    for variant in variants:
         res = measure(variant, args, empty, want)
         want = res.pop("output", want) if variant == "model" else want
         res.pop("output", None)
@@ -320,6 +332,7 @@ def main(argv):
         "command": " ".join(["python experiments/decode_ops.py", *sys.argv[1:]]),
         "shapes": dict(B=b, G=g, h=h, d=d, P=FLAGS.prompt_len, S=FLAGS.cache, steps=FLAGS.steps),
         "pallas": dict(members=members, warps=FLAGS.warps),
+        "flash": dict(own_splits=splits, prompt_splits=FLASH_PROMPT_SPLITS, block=FLASH_BLOCK),
         "step_bytes": step_bytes,
         "pallas_interpreted": jax.default_backend() == "cpu",
         "variants": results,

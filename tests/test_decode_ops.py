@@ -21,8 +21,9 @@ def test_every_decode_attention_variant_equals_the_models(tmp_path):
     variants = rec["variants"]
     assert set(variants) == {"model", "values_s_minor", "one_softmax", "one_softmax_s_minor",
                              "dpa_xla", "dpa_cudnn", "rows2", "rows16", "pallas_m1",
-                             "pallas_m4", "flash"}  # fmt: skip
+                             "pallas_m4", "flash_s1", "flash_s2"}  # fmt: skip
     assert rec["pallas"] == dict(members=[1, 4], warps=4)
+    assert rec["flash"] == dict(own_splits=[1, 2], prompt_splits=4, block=32)
     assert variants["model"]["max_rel_deviation"] is None and variants["model"]["us_per_step"] > 0
     for name, res in variants.items():
         if name == "model" or (name == "dpa_cudnn" and "error" in res):  # no cuDNN on a CPU
@@ -110,7 +111,7 @@ b, g, h, d, p, s = 16, 16, 12, 64, 256, 128  # the large model's, as decode_ops.
 shapes = [(b, g, h, d), (b, h, p, d), (b, h, p, d), (b, p), (b, g, h, s, d), (b, g, h, s, d), ()]
 dtypes = [jnp.bfloat16] * 3 + [jnp.bool_] + [jnp.bfloat16] * 2 + [jnp.int32]
 args = [jax.ShapeDtypeStruct(x, t) for x, t in zip(shapes, dtypes)]
-call = jax.jit(lambda *a: decode_ops.flash(*a, interpret=False))
+call = jax.jit(lambda *a: decode_ops.flash(*a, own_splits=4, interpret=False))
 with jax.sharding.use_abstract_mesh(mesh):
     exported = jax.export.export(
         call, platforms=["cuda"],
@@ -126,10 +127,11 @@ def test_the_flash_variant_lowers_to_two_triton_kernels_for_a_cuda_gpu():
     """Without a GPU: decode_ops.py's ``flash`` (jax's flash-decoding kernel) in bfloat16,
     for an H100, at the large model's shapes, passes JAX's Triton lowering as two kernels:
     the prompt's, a program per key split (4) and (prompt, head) row (16 x 12), all 16
-    members' queries in one program, and the own caches', a program per (prompt, member,
-    head) (16 x 16 x 12). Its own process: decode_ops.py defines absl flags on import."""
+    members' queries in one program, and the own caches', a program per cache split (4 of
+    32 slots) and (prompt, member, head) (16 x 16 x 12). In its own process: decode_ops.py
+    defines absl flags on import."""
     proc = subprocess.run([sys.executable, "-c", FLASH_EXPORT], cwd=ROOT, capture_output=True,
                           text=True, timeout=300, check=True)  # fmt: skip
     count, grids = proc.stdout.strip().splitlines()[-2:]
     assert count == "2"
-    assert grids == "[('1', '4', '192'), ('1', '1', '3072')]"
+    assert grids == "[('1', '4', '192'), ('1', '4', '3072')]"
