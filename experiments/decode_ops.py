@@ -27,12 +27,14 @@ prompt's keys and the member's own, one query per member:
   then only each member's written slots, a chunk of keys at a time under an online softmax. It
   reads the own cache up to the step's slot, where the forms above read all S slots every step.
   On a CPU it runs interpreted (``pallas_interpreted``; its time there means nothing).
-- ``flash_s<K>``, one per ``--flash_splits`` count K: jax's own Pallas (Triton)
-  flash-decoding kernel (``jax.experimental.pallas.ops.gpu.decode_attention.mqa``), called
-  twice and merged by its residuals (``flash``): the prompt read once per (prompt, head) for
-  all its G members' queries, as tensor-core products in parallel splits of its keys, then
-  each member's own slots up to the step's only, the cache in K parallel splits. Interpreted
-  on a CPU, like ``pallas_m<M>``.
+- ``flash_s<K>``, one per ``--flash_splits`` count K: grpo_jax/decode_kernel.py's
+  ``flash_attention`` (``model.decode_kernel=flash``, whose own cache is one split): jax's
+  own Pallas (Triton) flash-decoding kernel
+  (``jax.experimental.pallas.ops.gpu.decode_attention.mqa``), called twice and merged by its
+  residuals: the prompt read once per (prompt, head) for all its G members' queries, as
+  tensor-core products in parallel splits of its keys, then each member's own slots up to
+  the step's only, the cache in K parallel splits. Interpreted on a CPU, like
+  ``pallas_m<M>``.
 
 Each runs ``--steps`` decode steps in one jitted ``fori_loop`` (the cache donated): step i
 writes its key and value at slot i and attends to slots <= i, as the decode loop does. Per
@@ -45,7 +47,6 @@ that time. The last printed line is the JSON record.
   python experiments/decode_ops.py --smoke                          # tiny, float32, a CPU
 """
 
-import functools
 import json
 import statistics
 import sys
@@ -149,50 +150,6 @@ def joint(q, pk, pv, pmask, ck, cv, mask, implementation: str):
     return out.reshape(b, g, h, d)
 
 
-FLASH_PROMPT_SPLITS = 4  # flash: the prompt's keys in this many parallel splits (>= 16 each)
-FLASH_BLOCK = 32  # flash: own-cache keys per block (>= 16, dividing --cache)
-
-
-def flash(q, pk, pv, pmask, ck, cv, i, own_splits=1, interpret=None):
-    """The step's attention through jax's maintained flash-decoding kernel (``mqa``), which
-    takes one key set per batch row and any number of queries against it, twice:
-
-    - the prompt: a row per (prompt, head), its G members' queries against its keys (the
-      prompt read once for all of them, not once per member), the keys in
-      FLASH_PROMPT_SPLITS parallel splits, the real ones from ``start_idx`` on (prompts are
-      left-padded: their real keys are the last ``pmask.sum()``);
-    - the own cache: a row per (prompt, member, head), one query against its own slots,
-      read only up to slot i (``kv_seq_len``), FLASH_BLOCK keys at a time, in ``own_splits``
-      parallel splits of the cache (a split wholly past slot i reads nothing).
-
-    Each call returns its weighted values unnormalised, with the rows' score maximum and
-    exponential sum (``return_residuals``); they are merged here in float32 into the one
-    softmax over both key sets. The kernel's outputs are in the compute dtype. ``interpret``
-    (default: on a CPU) runs the kernel through JAX's interpreter."""
-    # imported here: a jax without it fails this form alone (measure records the error)
-    from jax.experimental.pallas.ops.gpu import decode_attention
-
-    b, g, h, d = q.shape
-    p = pk.shape[2]
-    interpret = jax.default_backend() == "cpu" if interpret is None else interpret
-    run = functools.partial(decode_attention.mqa, sm_scale=d**-0.5, interpret=interpret,
-                            return_residuals=True, normalize_output=False)  # fmt: skip
-    start = jnp.repeat(p - jnp.sum(pmask, axis=-1), h)  # [B * h]: each row's first real key
-    rows = lambda x, n: x.reshape(n, *x.shape[-2:])
-    o_p, (l_p, m_p) = run(rows(q.transpose(0, 2, 1, 3), b * h), rows(pk, b * h), rows(pv, b * h),
-                          start_idx=start, k_splits=FLASH_PROMPT_SPLITS)  # fmt: skip
-    n = b * g * h
-    o_s, (l_s, m_s) = run(q.reshape(n, 1, d), rows(ck, n), rows(cv, n), kv_seq_len=i + 1,
-                          k_splits=own_splits, block_k=FLASH_BLOCK)  # fmt: skip
-    members = lambda x: x.reshape(b, h, g, *x.shape[2:]).swapaxes(1, 2)  # [B, G, h, ...]
-    o_p, l_p, m_p = members(o_p), members(l_p), members(m_p)
-    o_s, l_s, m_s = o_s.reshape(b, g, h, d), l_s.reshape(b, g, h), m_s.reshape(b, g, h)
-    m = jnp.maximum(m_p, m_s)
-    a_p, a_s = jnp.exp(m_p - m), jnp.exp(m_s - m)
-    out = o_p.astype(jnp.float32) * a_p[..., None] + o_s.astype(jnp.float32) * a_s[..., None]
-    return (out / (l_p * a_p + l_s * a_s)[..., None]).astype(q.dtype)
-
-
 def step_fn(variant: str):
     """(q, k_new, v_new, pk, pv, pmask, ck, cv, i) -> (out [B, G, h, d], ck, cv)."""
     s_minor = variant in S_MINOR
@@ -212,7 +169,8 @@ def step_fn(variant: str):
             out = decode_kernel.attention(q, pk, pv, pmask, ck, cv, i, members, FLAGS.warps)
             return out, ck, cv
         if variant.startswith("flash_s"):
-            return flash(q, pk, pv, pmask, ck, cv, i, int(variant.removeprefix("flash_s"))), ck, cv
+            splits = int(variant.removeprefix("flash_s"))
+            return decode_kernel.flash_attention(q, pk, pv, pmask, ck, cv, i, splits), ck, cv
         if variant.startswith("dpa_"):
             return joint(q, pk, pv, pmask, ck, cv, mask, variant[4:]), ck, cv
         one = "one_softmax" in variant
@@ -313,8 +271,8 @@ def main(argv):
     results, want = {}, None
     # the kernel's programs split a prompt's members evenly
     members = counts("members", lambda m: FLAGS.group % m == 0, f"do not divide --group={g}")
-    blocks = f"do not split --cache={FLAGS.cache} into {FLASH_BLOCK}-slot blocks"
-    splits = counts("flash_splits", lambda k: FLAGS.cache % (k * FLASH_BLOCK) == 0, blocks)
+    blocks = f"do not split --cache={FLAGS.cache} into {decode_kernel.BLOCK}-slot blocks"
+    splits = counts("flash_splits", lambda k: FLAGS.cache % (k * decode_kernel.BLOCK) == 0, blocks)
     variants = (*XLA_FORMS, *(f"pallas_m{m}" for m in members), *(f"flash_s{k}" for k in splits))
     for variant in variants:
         res = measure(variant, args, empty, want)
@@ -332,7 +290,11 @@ def main(argv):
         "command": " ".join(["python experiments/decode_ops.py", *sys.argv[1:]]),
         "shapes": dict(B=b, G=g, h=h, d=d, P=FLAGS.prompt_len, S=FLAGS.cache, steps=FLAGS.steps),
         "pallas": dict(members=members, warps=FLAGS.warps),
-        "flash": dict(own_splits=splits, prompt_splits=FLASH_PROMPT_SPLITS, block=FLASH_BLOCK),
+        "flash": dict(
+            own_splits=splits,
+            prompt_splits=decode_kernel.FLASH_PROMPT_SPLITS,
+            block=decode_kernel.BLOCK,
+        ),  # fmt: skip
         "step_bytes": step_bytes,
         "pallas_interpreted": jax.default_backend() == "cpu",
         "variants": results,

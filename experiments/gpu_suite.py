@@ -47,7 +47,8 @@ the cache key). ``--jobs=1`` runs them one at a time.
   (cuDNN's fused attention in the full-sequence passes), to set beside ``large``'s.
 - ``pallas`` (on request, not in --smoke: a CPU has no Triton): the large model at 16 prompts
   with ``model.decode_kernel=pallas`` (grpo_jax/decode_kernel.py: the decode steps' attention
-  as one Pallas kernel per layer), to set beside ``large``'s rollout.
+  as one Pallas kernel per layer; ``--decode_kernel=flash``: as jax's flash-decoding kernel),
+  to set beside ``large``'s rollout.
 - ``profile`` (on request): ``experiments/profile_step.py`` in bfloat16 on the step above and
   on the large model: a jax.profiler trace, busy time by stage (rollout's decode loop,
   reference, update's forward / backward) and by kind of work (dense and batched matmuls,
@@ -184,6 +185,13 @@ flags.DEFINE_list(
     [],
     "The large model's prompts per step, each its own measurement ('': the plan's, 16 on a "
     "GPU); e.g. 16,32 adds 32, which on one H100 took 250 s of the suite's 497 s.",
+)
+flags.DEFINE_enum(
+    "decode_kernel",
+    "pallas",
+    ["pallas", "flash"],
+    "The pallas part's model.decode_kernel: the framework's own Triton kernel or jax's "
+    "flash-decoding kernel (grpo_jax/decode_kernel.py).",
 )
 flags.DEFINE_bool(
     "plan_only",
@@ -324,7 +332,8 @@ def main(argv):
     if bad := [b for b in FLAGS.large_batches if not (b.isdigit() and int(b) > 0)]:
         sys.exit(f"error: --large_batches: {bad} are not positive counts of prompts; e.g. 16,32")
     t0 = time.perf_counter()
-    smoke, p = FLAGS.smoke, plan(FLAGS.smoke, [int(b) for b in FLAGS.large_batches])
+    batches = [int(b) for b in FLAGS.large_batches]
+    smoke, p = FLAGS.smoke, plan(FLAGS.smoke, batches, FLAGS.decode_kernel)
     workers = FLAGS.jobs or (2 if smoke else 3)
     if FLAGS.plan_only:
         print_plan(jobs_of(p, FLAGS.parts, FLAGS.trl_python)[1:], workers)

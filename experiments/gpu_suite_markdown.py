@@ -66,7 +66,8 @@ def markdown(raw: dict) -> str:
         for batch, large in res["attention"].items():
             lines += large_section(large, batch)
     if res.get("pallas"):
-        lines += ["", "## Larger model, the decode steps' attention as one Pallas kernel per layer"]
+        lines += ["", "## Larger model, the decode steps' attention as Pallas kernels "
+                  "(`model.decode_kernel` as its command sets it)"]  # fmt: skip
         for batch, large in res["pallas"].items():
             lines += large_section(large, batch)
     for name, prof in (res.get("profile") or {}).items():

@@ -149,9 +149,10 @@ def expected_wall(jobs: list, workers: int, capacity: float | None = None) -> fl
     return now
 
 
-def plan(smoke: bool, large_batches=()) -> dict:
+def plan(smoke: bool, large_batches=(), decode_kernel: str = "pallas") -> dict:
     """Every part's sizes: the issue's for a GPU, tiny ones (same code paths) for --smoke;
-    ``large_batches`` (prompts per step), where given, replace the large part's."""
+    ``large_batches`` (prompts per step), where given, replace the large part's;
+    ``decode_kernel``: the pallas part's model.decode_kernel (``pallas`` or ``flash``)."""
     p = smoke_plan() if smoke else gpu_plan()
     if large_batches:
         p["large"]["batches"] = tuple(large_batches)
@@ -161,8 +162,8 @@ def plan(smoke: bool, large_batches=()) -> dict:
     setting = {"model.attention": "xla" if smoke else "cudnn"}
     p["attention"] = {**large, "overrides": {**large["overrides"], **setting}}
     p["attention"]["batches"] = large["batches"][:1]
-    if not smoke:  # and the decode steps' attention as one Pallas (Triton) kernel per layer
-        setting = {"model.decode_kernel": "pallas"}
+    if not smoke:  # and the decode steps' attention as Pallas (Triton) kernels
+        setting = {"model.decode_kernel": decode_kernel}
         p["pallas"] = {**large, "overrides": {**large["overrides"], **setting}}
         p["pallas"]["batches"] = large["batches"][:1]
     return p

@@ -97,6 +97,8 @@ def attention_fields(m):
     m.attention = "shared_prefix"
     # attention of the decode steps: xla (XLA's ops, any device) | pallas (one Triton kernel
     # per layer that reads only the written cache slots; a CUDA GPU, head dim a power of two)
+    # | flash (jax's flash-decoding kernel, the prompt read once per prompt; a CUDA GPU, head
+    # dim a power of two >= 16)
     m.decode_kernel = "xla"
 
 

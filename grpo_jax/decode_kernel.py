@@ -1,23 +1,32 @@
-"""The decode step's attention as one Pallas kernel (``model.decode_kernel=pallas``).
+"""The decode step's attention as Pallas kernels (``model.decode_kernel``: ``pallas`` or
+``flash``).
 
 A decode step has one query per member. XLA computes its attention as several small kernels
 per layer (scores against the prompt and against the member's cache, their maxima, sums and
 weighted values), each matrix-vector product a reduction over the whole static cache: on one
 H100 the large model's decode loop spent 153.6 of its 244.5 kernel-ms per step in reductions
-(experiments/results/gpu_suite_nvidia-h100-80gb-hbm3.md). Here one Triton program per
-prompt, head and ``members`` members reads the prompt's keys and values (once for all its
-members), then only each member's written cache slots, a chunk of keys at a time under an
-online softmax, no intermediate written back to memory. The model runs one member per
-program (MEMBERS); experiments/decode_ops.py --members measures others, and which is fastest
-is unmeasured on a GPU. At one member per program, one H100 (2026-11-28) ran the large
-model's rollout slower with this kernel than with XLA's ops: 0.3357 against 0.2699 s
-(experiments/results/gpu_h100_2026-11-28), hence ``model.decode_kernel``'s default ``xla``.
+(experiments/results/gpu_suite_nvidia-h100-80gb-hbm3.md).
 
-Requirements (checked by specs.ModelSpec, or raised here): a CUDA GPU (elsewhere the kernel
-runs interpreted: tests only), a power-of-two head dimension, and a member cache whose length
-is a multiple of ``BLOCK`` (rollout.cache_segments aligns it). A prompt whose length is not a
-multiple is padded here with masked keys. experiments/decode_ops.py times it beside XLA's
-forms of the same attention.
+``pallas`` (``attention``): one Triton program per prompt, head and ``members`` members reads
+the prompt's keys and values (once for all its members), then only each member's written
+cache slots, a chunk of keys at a time under an online softmax, no intermediate written back
+to memory. The model runs one member per program (MEMBERS); experiments/decode_ops.py
+--members measures others, and which is fastest is unmeasured on a GPU. At one member per
+program, one H100 (2026-11-28) ran the large model's rollout slower with this kernel than
+with XLA's ops: 0.3357 against 0.2699 s (experiments/results/gpu_h100_2026-11-28), hence
+``model.decode_kernel``'s default ``xla``.
+
+``flash`` (``flash_attention``): jax's maintained flash-decoding kernel
+(``jax.experimental.pallas.ops.gpu.decode_attention.mqa``), twice: the prompt once per
+(prompt, head) for all its members' queries as tensor-core products, then each member's own
+written slots; merged by the kernel's residuals. Unmeasured on a GPU.
+
+Requirements (checked by specs.ModelSpec, or raised here): a CUDA GPU (elsewhere the kernels
+run interpreted: tests only), a power-of-two head dimension (``flash``: at least 16, the
+least Triton product), and a member cache whose length is a multiple of ``BLOCK``
+(rollout.cache_segments aligns it). A prompt whose length is not a multiple (``flash``: of
+FLASH_PROMPT_SPLITS x BLOCK) is padded here with masked keys. experiments/decode_ops.py times
+both beside XLA's forms of the same attention.
 """
 
 import functools
@@ -28,6 +37,8 @@ import jax.numpy as jnp
 BLOCK = 32  # keys per chunk (fewer where many members share a program): the cache's alignment
 MEMBERS = 1  # members per program in the model
 _NEG = -1e30  # finite, as model._NEG_INF: a chunk of padding never makes inf - inf
+FLASH_PROMPT_SPLITS = 4  # flash: the prompt's keys in this many parallel splits
+FLASH_OWN_SPLITS = 1  # flash: the member cache's splits in the model (decode_ops.py times others)
 
 
 def _kernel(idx_ref, q_ref, pk_ref, pv_ref, pbias_ref, ck_ref, cv_ref, o_ref, *, block):
@@ -114,3 +125,52 @@ def attention(q, pk, pv, pmask, ck, cv, index, members=MEMBERS, warps=4, interpr
     )
     pbias = jnp.where(pmask, 0.0, _NEG).astype(jnp.float32)
     return call(jnp.reshape(index, (1,)).astype(jnp.int32), q, pk, pv, pbias, ck, cv)
+
+
+def flash_attention(q, pk, pv, pmask, ck, cv, index, own_splits=FLASH_OWN_SPLITS, interpret=None):
+    """The same attention through jax's flash-decoding kernel (``mqa``: one key set per batch
+    row, any number of queries against it), twice:
+
+    - the prompt: a row per (prompt, head), its G members' queries against its keys (read
+      once for all of them), in FLASH_PROMPT_SPLITS parallel splits, BLOCK keys at a time;
+      the real keys from ``start_idx`` on: prompts are left-padded (the model's layout), so
+      a prompt's real keys are its last ``pmask.sum()``, and padding added here goes first;
+    - the own cache: a row per (prompt, member, head), one query against its own slots up
+      to ``index`` only (``kv_seq_len``), BLOCK at a time, in ``own_splits`` parallel splits
+      (a split wholly past ``index`` reads nothing).
+
+    Each call returns its weighted values unnormalised (in q's dtype), with each row's score
+    maximum and exponential sum (``return_residuals``); they merge here, in float32, into the
+    one softmax over both key sets. Arguments and result as ``attention``'s."""
+    # jax's kernel module imports Triton's Pallas backend: only models that run it load it
+    from jax.experimental.pallas.ops.gpu import decode_attention
+
+    b, g, h, d = q.shape
+    pad = -pk.shape[2] % (FLASH_PROMPT_SPLITS * BLOCK)
+    pk, pv = (jnp.pad(x, [(0, 0), (0, 0), (pad, 0), (0, 0)]) for x in (pk, pv))
+    p = pk.shape[2]
+    run = functools.partial(
+        decode_attention.mqa,
+        sm_scale=d**-0.5,
+        block_k=BLOCK,
+        interpret=jax.default_backend() == "cpu" if interpret is None else interpret,
+        return_residuals=True,
+        normalize_output=False,
+    )
+    start = jnp.repeat(p - jnp.sum(pmask, axis=-1), h)  # [B * h]: each row's first real key
+    rows = lambda x, n: x.reshape(n, *x.shape[-2:])
+    bh, n = b * h, b * g * h
+    o_p, (l_p, m_p) = run(rows(q.transpose(0, 2, 1, 3), bh), rows(pk, bh), rows(pv, bh),
+                          start_idx=start, k_splits=FLASH_PROMPT_SPLITS)  # fmt: skip
+    o_s, (l_s, m_s) = run(q.reshape(n, 1, d), rows(ck, n), rows(cv, n),
+                          kv_seq_len=index + 1, k_splits=own_splits)  # fmt: skip
+    members = lambda x: x.reshape(b, h, g, *x.shape[2:]).swapaxes(1, 2)  # [B, G, h, ...]
+    o_p, l_p, m_p = members(o_p), members(l_p), members(m_p)
+    o_s, l_s, m_s = o_s.reshape(b, g, h, d), l_s.reshape(b, g, h), m_s.reshape(b, g, h)
+    m = jnp.maximum(m_p, m_s)
+    a_p, a_s = jnp.exp(m_p - m), jnp.exp(m_s - m)
+    out = o_p.astype(jnp.float32) * a_p[..., None] + o_s.astype(jnp.float32) * a_s[..., None]
+    return (out / (l_p * a_p + l_s * a_s)[..., None]).astype(q.dtype)
+
+
+KERNELS = {"pallas": attention, "flash": flash_attention}  # model.decode_kernel's Pallas ones

@@ -23,8 +23,9 @@ much padding it got. Fixed-length prompts (mask all ones) take exactly the unmas
 their backward) compute this softmax: ``shared_prefix`` as above, or one
 ``jax.nn.dot_product_attention`` call per member over its concatenated keys (``cudnn``: the
 fused flash kernel on a CUDA GPU; ``xla``: the same call through XLA). Decode always shares;
-``decode_kernel`` (``model.decode_kernel``) runs its attention as XLA's ops (``xla``) or as one
-Pallas kernel per layer (``pallas``: decode_kernel.py, a CUDA GPU).
+``decode_kernel`` (``model.decode_kernel``) runs its attention as XLA's ops (``xla``) or as
+Pallas kernels (decode_kernel.py, a CUDA GPU): the framework's own (``pallas``) or jax's
+flash-decoding kernel (``flash``).
 
 Params are float32; activations use ``dtype`` (float32 or bfloat16); logits come out float32.
 """
@@ -35,7 +36,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from grpo_jax.decode_kernel import attention as pallas_attention
+from grpo_jax.decode_kernel import KERNELS as DECODE_PALLAS
 from grpo_jax.products import dense_dot, lookup
 
 _NEG_INF = -1e30  # large-but-finite so fully masked rows never make NaNs
@@ -104,7 +105,7 @@ def _attention(q, pk, pv, pmask, sk, sv, self_mask, dtype):
 
 
 ATTENTION = ("shared_prefix", "xla", "cudnn")  # model.attention's choices
-DECODE_KERNELS = ("xla", "pallas")  # model.decode_kernel's: XLA's ops or decode_kernel.py
+DECODE_KERNELS = ("xla", "pallas", "flash")  # model.decode_kernel's: XLA's or decode_kernel.py's
 
 
 def _joint_attention(q, k, v, prefix, self_mask, implementation):
@@ -187,9 +188,9 @@ class Block(nn.Module):
             sk = jax.lax.dynamic_update_slice_in_dim(cache[0], k.astype(cache[0].dtype), index, 3)
             sv = jax.lax.dynamic_update_slice_in_dim(cache[1], v.astype(cache[1].dtype), index, 3)
             mask = (jnp.arange(sk.shape[3]) <= index)[None, :]
-        if cache is not None and self.decode_kernel == "pallas":
-            pk, pv, pm = prefix
-            att = pallas_attention(q[:, :, 0], pk, pv, pm, sk, sv, index)[:, :, None]
+        if cache is not None and self.decode_kernel != "xla":
+            kernel = DECODE_PALLAS[self.decode_kernel]
+            att = kernel(q[:, :, 0], *prefix, sk, sv, index)[:, :, None]
         elif cache is None and self.attention != "shared_prefix":
             # decode keeps the shared-prefix path: one query per member would copy the
             # prompt's keys per member at every step, multiplying decode's memory traffic

@@ -130,7 +130,8 @@ def cache_segments(steps: int, align: int = 1) -> tuple[int, ...]:
     that to 69 % (the self-attention of the TRL-comparable step's 69 decode steps: -6 % of its
     rollout; the plain exhaustive step's: -15 %) for three compiled copies of the step, so
     only loops of at least SEGMENT_MIN_STEPS steps are split. Each length is rounded up to a
-    multiple of ``align`` (decode_kernel.py reads the cache in chunks of that many slots)."""
+    multiple of ``align`` (decode_kernel.py's kernels read the cache in chunks of that many
+    slots)."""
     ends = (max(steps, 1),) if steps < SEGMENT_MIN_STEPS else (steps // 4, steps // 2, steps)
     return tuple(dict.fromkeys(-(-e // align) * align for e in ends))
 
@@ -147,7 +148,7 @@ def decode_members(model: Transformer, params, prefix: Prefix, first_tokens, u, 
     """
     b, k, h = u.shape
     params = decode_params(model, params)
-    ends = cache_segments(h - 1, BLOCK if model.decode_kernel == "pallas" else 1)
+    ends = cache_segments(h - 1, 1 if model.decode_kernel == "xla" else BLOCK)
     cache = empty_cache(model, b, k, ends[0])
     eos = stop.eos_id if stop is not None else None
     done0 = first_tokens == eos if eos is not None else jnp.zeros((b, k), bool)

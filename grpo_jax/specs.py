@@ -317,10 +317,13 @@ class ModelSpec:
             fix = "else use model.attention='shared_prefix' (any device) or 'xla'"
             multiple_of_8 = (lambda hd: hd % 8 == 0, "a multiple of 8")
             spec.check_gpu_kernel("model.attention", "cudnn", multiple_of_8, fix, half=True)
-        if spec.decode_kernel == "pallas":  # decode_kernel.py, a Triton kernel (elsewhere JAX
-            # could only interpret it, as the tests do)
-            power_of_2 = (lambda hd: hd & (hd - 1) == 0, "a power of two")
-            spec.check_gpu_kernel("model.decode_kernel", "pallas", power_of_2, "else use 'xla'")
+        if spec.decode_kernel != "xla":  # decode_kernel.py, Triton kernels (elsewhere JAX
+            # could only interpret them, as the tests do); flash's products are tl.dot's,
+            # whose operands need 16 or more rows and columns
+            least = 16 if spec.decode_kernel == "flash" else 1
+            words = "a power of two" + (f" of at least {least}" if least > 1 else "")
+            head = (lambda hd: hd & (hd - 1) == 0 and hd >= least, words)
+            spec.check_gpu_kernel("model.decode_kernel", spec.decode_kernel, head, "else use 'xla'")
         return spec
 
     def check_gpu_kernel(self, setting: str, value: str, head: tuple, fix: str, half=False):

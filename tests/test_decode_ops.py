@@ -97,41 +97,36 @@ def test_the_pallas_kernel_lowers_to_triton_for_a_cuda_gpu():
         assert f"grid_x = {b} : i32, grid_y = {g // members} : i32, grid_z = {h}" in text
 
 
-FLASH_EXPORT = """
-import re, sys
-sys.path.insert(0, "experiments")
-import jax, jax.numpy as jnp
-import decode_ops
+def test_the_flash_kernel_lowers_to_two_triton_kernels_for_a_cuda_gpu():
+    """Without a GPU: decode_kernel.flash_attention (jax's flash-decoding kernel) in bfloat16,
+    for an H100, passes JAX's Triton lowering as two kernels: the prompt's, a program per key
+    split (4) and (prompt, head) row, all the prompt's members' queries in one program, and
+    the own caches', a program per cache split and (prompt, member, head). At the large
+    model's shapes with 1 and 4 cache splits (decode_ops.py's flash_s1 and flash_s4), and at
+    the TRL-comparable step's (a 100-key prompt padded to 128, a 96-slot cache segment)."""
+    import jax
+    import jax.numpy as jnp
 
-triton = "__gpu$xla.gpu.triton"
-h100 = jax.sharding.AbstractDevice(device_kind="NVIDIA H100 80GB HBM3", num_cores=None,
-                                   platform="gpu")
-mesh = jax.sharding.AbstractMesh((1,), ("x",), abstract_device=h100)
-b, g, h, d, p, s = 16, 16, 12, 64, 256, 128  # the large model's, as decode_ops.py's defaults
-shapes = [(b, g, h, d), (b, h, p, d), (b, h, p, d), (b, p), (b, g, h, s, d), (b, g, h, s, d), ()]
-dtypes = [jnp.bfloat16] * 3 + [jnp.bool_] + [jnp.bfloat16] * 2 + [jnp.int32]
-args = [jax.ShapeDtypeStruct(x, t) for x, t in zip(shapes, dtypes)]
-call = jax.jit(lambda *a: decode_ops.flash(*a, own_splits=4, interpret=False))
-with jax.sharding.use_abstract_mesh(mesh):
-    exported = jax.export.export(
-        call, platforms=["cuda"],
-        disabled_checks=[jax.export.DisabledSafetyCheck.custom_call(triton)],
-    )(*args)
-text = exported.mlir_module()
-print(text.count(f"stablehlo.custom_call @{triton}"))
-print(re.findall(r"grid_x = (\\d+) : i32, grid_y = (\\d+) : i32, grid_z = (\\d+) : i32", text))
-"""
+    from grpo_jax import decode_kernel
 
-
-def test_the_flash_variant_lowers_to_two_triton_kernels_for_a_cuda_gpu():
-    """Without a GPU: decode_ops.py's ``flash`` (jax's flash-decoding kernel) in bfloat16,
-    for an H100, at the large model's shapes, passes JAX's Triton lowering as two kernels:
-    the prompt's, a program per key split (4) and (prompt, head) row (16 x 12), all 16
-    members' queries in one program, and the own caches', a program per cache split (4 of
-    32 slots) and (prompt, member, head) (16 x 16 x 12). In its own process: decode_ops.py
-    defines absl flags on import."""
-    proc = subprocess.run([sys.executable, "-c", FLASH_EXPORT], cwd=ROOT, capture_output=True,
-                          text=True, timeout=300, check=True)  # fmt: skip
-    count, grids = proc.stdout.strip().splitlines()[-2:]
-    assert count == "2"
-    assert grids == "[('1', '4', '192'), ('1', '4', '3072')]"
+    triton = "__gpu$xla.gpu.triton"
+    h100 = jax.sharding.AbstractDevice(device_kind="NVIDIA H100 80GB HBM3", num_cores=None,
+                                       platform="gpu")  # fmt: skip
+    mesh = jax.sharding.AbstractMesh((1,), ("x",), abstract_device=h100)
+    grid = "grid_x = 1 : i32, grid_y = {} : i32, grid_z = {} : i32"
+    cases = [((16, 16, 12, 64, 256, 128), splits) for splits in (1, 4)]
+    cases += [((8, 8, 4, 32, 100, 96), 1)]
+    for (b, g, h, d, p, s), splits in cases:
+        bf16 = lambda *shape: jax.ShapeDtypeStruct(shape, jnp.bfloat16)
+        args = [bf16(b, g, h, d), bf16(b, h, p, d), bf16(b, h, p, d)]
+        args += [jax.ShapeDtypeStruct((b, p), jnp.bool_), bf16(b, g, h, s, d), bf16(b, g, h, s, d)]
+        args += [jax.ShapeDtypeStruct((), jnp.int32)]
+        call = jax.jit(lambda *a, k=splits: decode_kernel.flash_attention(*a, k, interpret=False))
+        with jax.sharding.use_abstract_mesh(mesh):
+            exported = jax.export.export(
+                call, platforms=["cuda"],
+                disabled_checks=[jax.export.DisabledSafetyCheck.custom_call(triton)],
+            )(*args)  # fmt: skip
+        text = exported.mlir_module()
+        assert text.count(f"stablehlo.custom_call @{triton}") == 2
+        assert grid.format(4, b * h) in text and grid.format(splits, b * g * h) in text

@@ -275,8 +275,8 @@ def test_work_the_counter_cannot_size_is_named_beside_the_mfu():
 
 def test_the_large_model_runs_at_each_batch_of_the_plan():
     """The GPU plan measures the 12 x 768 model at 16 prompts, and at each of --large_batches
-    where given, each its own child keyed by prompts (the attention part at the first); the
-    report gives each its figures and its own rollout-MFU target."""
+    where given, each its own child keyed by prompts (the attention and pallas parts at the
+    first); the report gives each its figures and its own rollout-MFU target."""
     sys.path.insert(0, str(ROOT / "experiments"))
     from gpu_suite_parts import jobs_of
     from gpu_suite_plan import plan
@@ -287,6 +287,11 @@ def test_the_large_model_runs_at_each_batch_of_the_plan():
 
     assert keys(plan(smoke=False), "large") == ["16"]
     assert keys(plan(smoke=False, large_batches=[32, 16]), "attention") == ["32"]
+    # the pallas part at the first batch, with the kernel --decode_kernel names
+    for kernel in ("pallas", "flash"):
+        jobs = jobs_of(plan(False, [32, 16], kernel), ("pallas",), sys.executable)
+        (job,) = [j for j in jobs if j["part"] == "pallas"]
+        assert job["key"] == "32" and f"--config.model.decode_kernel={kernel}" in job["cmd"]
     jobs = [j for j in jobs_of(plan(smoke=False, large_batches=[16, 32]), ("large",),
                                sys.executable) if j["part"] == "large"]  # fmt: skip
     assert [j["key"] for j in jobs] == ["16", "32"]
@@ -502,6 +507,10 @@ def test_the_rollout_floor_counts_the_decode_loops_reads_by_hand():
     pallas = {**o, "data.horizon": 41, "model.decode_kernel": "pallas"}
     per = lambda s: 100 + 2 * 2 * 3 * 32 * 4 + 2 * 2 * 3 * 5 * s * 4
     assert decode_bytes(pallas, 100) == 2 * (32 * per(32) + 8 * per(64))
+    # jax's flash-decoding kernel: the same cache chunks, the prompt padded to 4 x 32 slots
+    flash = {**pallas, "model.decode_kernel": "flash"}
+    per = lambda s: 100 + 2 * 2 * 3 * 128 * 4 + 2 * 2 * 3 * 5 * s * 4
+    assert decode_bytes(flash, 100) == 2 * (32 * per(32) + 8 * per(64))
     assert decode_bytes({"model.dtype": "bfloat16"}, 100) is None  # the step part: no sizes
     h100 = {"device_kind": "NVIDIA H100 80GB HBM3", "platform": "gpu"}
     fl = rollout_floor(989e12 * 0.010, 0.2, 3.35e12 * 0.040, "bfloat16", h100)

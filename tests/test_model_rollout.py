@@ -350,11 +350,13 @@ def test_a_bfloat16_decode_casts_its_weights_once_before_the_loop(monkeypatch):
     np.testing.assert_array_equal(hoisted[1], in_loop[1])
 
 
-def test_the_pallas_decode_kernel_samples_what_xla_decodes():
-    """model.decode_kernel="pallas" (decode_kernel.py, interpreted on a CPU) in a 39-step
-    decode of left-padded prompts: the cache grows in segments aligned to the kernel's
-    chunks (9, 19, 39 -> 32, 64 slots), the prompt (5 slots) is padded to one chunk, and the
-    samples and log-probs are XLA's decode's."""
+@pytest.mark.parametrize("kernel", ["pallas", "flash"])
+def test_a_pallas_decode_kernel_samples_what_xla_decodes(kernel):
+    """model.decode_kernel="pallas" / "flash" (decode_kernel.py, interpreted on a CPU) in a
+    39-step decode of left-padded prompts: the cache grows in segments aligned to the
+    kernels' chunks (9, 19, 39 -> 32, 64 slots), the prompt (5 slots) is padded with masked
+    keys (pallas: to one chunk, after it; flash: to 4 chunks, before it), and the samples
+    and log-probs are XLA's decode's."""
     h = 40
     kw = dict(vocab_size=V, num_layers=2, num_heads=2, d_model=16, max_len=C + h)
     m = Transformer(**kw)
@@ -374,7 +376,7 @@ def test_the_pallas_decode_kernel_samples_what_xla_decodes():
         return rollout(pol, p, prompts, first_logits, state, jnp.zeros((B, G), jnp.int32), u, sp)
 
     want = jax.jit(lambda: run(m))()
-    got = jax.jit(lambda: run(m.clone(decode_kernel="pallas")))()
+    got = jax.jit(lambda: run(m.clone(decode_kernel=kernel)))()
     np.testing.assert_array_equal(got[0], want[0])
     np.testing.assert_allclose(got[1], want[1], atol=1e-5)
     np.testing.assert_allclose(got[2], want[2], atol=1e-5)
@@ -389,24 +391,28 @@ def _primitives(jaxpr, inside=()):
             yield from _primitives(sub, (*inside, eqn.primitive.name))
 
 
-def test_the_pallas_setting_reaches_the_grpo_steps_decode(monkeypatch, shakespeare_path):
-    """--config.model.decode_kernel=pallas through the task's build on the trainer's mesh (the
-    GPU suite's `pallas` part): the step's decode loop calls the kernel inside the member
-    shard_map, and nothing else does (prefill, the reference's and the update's passes keep
-    XLA's attention). Traced only, with the GPU check passed as on a CUDA device."""
+@pytest.mark.parametrize("kernel, per_layer", [("pallas", 1), ("flash", 2)])
+def test_the_pallas_setting_reaches_the_grpo_steps_decode(
+    kernel, per_layer, monkeypatch, shakespeare_path
+):
+    """--config.model.decode_kernel=pallas / flash through the task's build on the trainer's
+    mesh (the GPU suite's `pallas` part): the step's decode loop calls the kernel (flash: its
+    two, prompt and own cache) inside the member shard_map, and nothing else does (prefill,
+    the reference's and the update's passes keep XLA's attention). Traced only, with the GPU
+    check passed as on a CUDA device (the tiny config's heads are 16 wide, as flash needs)."""
     from grpo_jax import sharding, specs, trainer
     from grpo_jax.config_blocks import load_config
     from grpo_jax.tasks import build_task
 
     monkeypatch.setattr(specs, "gpu_runtime", lambda: "cuda 12080")
-    config = load_config("shakespeare", "tiny,sampled", **{"model.decode_kernel": "pallas"})
+    config = load_config("shakespeare", "tiny,sampled", **{"model.decode_kernel": kernel})
     config.data.path = str(shakespeare_path)
     task = build_task(config, "train")
     params = trainer.initial_params(config, task)
     step, inputs = task.build(params, mesh=sharding.make_mesh(config.get("mesh")))
     jaxpr = jax.make_jaxpr(step.fused)(task.make_state(params), inputs).jaxpr
     calls = [inside for name, inside in _primitives(jaxpr) if name == "pallas_call"]
-    assert len(calls) == config.model.num_layers  # one per layer in the decode step's body
+    assert len(calls) == per_layer * config.model.num_layers  # in the decode step's body
     assert all("shard_map" in inside and "scan" in inside for inside in calls)
 
 
@@ -541,9 +547,9 @@ def test_cudnn_attention_is_checked_up_front(monkeypatch):
         )
 
 
-def test_the_pallas_decode_kernel_is_checked_up_front(monkeypatch):
-    """model.decode_kernel="pallas" wants a CUDA GPU and a power-of-two head dimension:
-    config errors naming the fix ('xla')."""
+def test_the_pallas_decode_kernels_are_checked_up_front(monkeypatch):
+    """model.decode_kernel="pallas" wants a CUDA GPU and a power-of-two head dimension,
+    "flash" one of at least 16: config errors naming the fix ('xla')."""
     from ml_collections import ConfigDict
 
     from grpo_jax import specs
@@ -559,3 +565,7 @@ def test_the_pallas_decode_kernel_is_checked_up_front(monkeypatch):
     assert specs.ModelSpec.from_config(ConfigDict(base)).decode_kernel == "pallas"
     with pytest.raises(ValueError, match=r"model.num_heads = 24\) that is a power of two"):
         specs.ModelSpec.from_config(ConfigDict({**base, "d_model": 96}))
+    flash = {**base, "decode_kernel": "flash"}
+    assert specs.ModelSpec.from_config(ConfigDict(flash)).decode_kernel == "flash"
+    with pytest.raises(ValueError, match=r"= 8\) that is a power of two of at least 16; else"):
+        specs.ModelSpec.from_config(ConfigDict({**flash, "d_model": 32}))
