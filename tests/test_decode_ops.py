@@ -61,39 +61,48 @@ def test_the_kernel_serves_several_members_per_program():
             np.testing.assert_allclose(got, want, atol=2e-5, err_msg=f"{members}, {index}")
 
 
-def test_the_pallas_kernel_lowers_to_triton_for_a_cuda_gpu():
-    """Without a GPU: grpo_jax/decode_kernel.py in bfloat16, for an H100, passes JAX's Triton
-    lowering rules (block shapes, the dynamic own-cache loop) into one Triton custom call, at
-    the large model's shapes and at the TRL-comparable step's (a 100-key prompt padded to 128,
-    a 96-slot cache segment: neither a power of two); only compiling it needs the GPU."""
+TRITON = "__gpu$xla.gpu.triton"
+# the large model's shapes (b, g, h, d, p, s), and the TRL-comparable step's: a 100-key prompt,
+# a 96-slot cache segment (horizon 70's last), neither a power of two
+LARGE, TRL_STEP = (16, 16, 12, 64, 256, 128), (8, 8, 4, 32, 100, 96)
+
+
+def lowered_for_h100(kernel, shapes) -> str:
+    """The StableHLO of ``kernel(q, pk, pv, pmask, ck, cv, index)`` (bfloat16) exported for a
+    CUDA GPU named as an H100 (jax >= 0.11 asks the device for its compute capability): the
+    Triton lowering rules run, only compiling it needs the GPU."""
     import jax
     import jax.numpy as jnp
 
-    from grpo_jax import decode_kernel
-    from grpo_jax.rollout import cache_segments
-
-    triton = "__gpu$xla.gpu.triton"
-    # the target GPU named (jax >= 0.11 asks the device for its compute capability)
+    b, g, h, d, p, s = shapes
+    bf16 = lambda *shape: jax.ShapeDtypeStruct(shape, jnp.bfloat16)
+    args = [bf16(b, g, h, d), bf16(b, h, p, d), bf16(b, h, p, d)]
+    args += [jax.ShapeDtypeStruct((b, p), jnp.bool_), bf16(b, g, h, s, d), bf16(b, g, h, s, d)]
+    args += [jax.ShapeDtypeStruct((), jnp.int32)]
     h100 = jax.sharding.AbstractDevice(device_kind="NVIDIA H100 80GB HBM3", num_cores=None,
                                        platform="gpu")  # fmt: skip
     mesh = jax.sharding.AbstractMesh((1,), ("x",), abstract_device=h100)
-    assert cache_segments(69, decode_kernel.BLOCK)[-1] == 96  # horizon 70's last segment
-    cases = [((16, 16, 12, 64, 256, 128), m) for m in (1, 4, 16)]  # own keys 32, 32, 8 at a time
-    cases += [((8, 8, 4, 32, 100, 96), 1)]
+    with jax.sharding.use_abstract_mesh(mesh):
+        exported = jax.export.export(
+            jax.jit(kernel), platforms=["cuda"],
+            disabled_checks=[jax.export.DisabledSafetyCheck.custom_call(TRITON)],
+        )(*args)  # fmt: skip
+    return exported.mlir_module()
+
+
+def test_the_pallas_kernel_lowers_to_triton_for_a_cuda_gpu():
+    """Without a GPU: grpo_jax/decode_kernel.py in bfloat16, for an H100, passes JAX's Triton
+    lowering rules (block shapes, the dynamic own-cache loop) into one Triton custom call, at
+    the large model's shapes and at the TRL-comparable step's (the prompt padded to 128)."""
+    from grpo_jax import decode_kernel
+    from grpo_jax.rollout import cache_segments
+
+    assert cache_segments(69, decode_kernel.BLOCK)[-1] == TRL_STEP[-1]
+    cases = [(LARGE, m) for m in (1, 4, 16)] + [(TRL_STEP, 1)]  # own keys 32, 32, 8, 32 a time
     for (b, g, h, d, p, s), members in cases:
-        args = [jax.ShapeDtypeStruct(shape, jnp.bfloat16)
-                for shape in ((b, g, h, d), (b, h, p, d), (b, h, p, d))]  # fmt: skip
-        args += [jax.ShapeDtypeStruct((b, p), jnp.bool_)]
-        args += [jax.ShapeDtypeStruct((b, g, h, s, d), jnp.bfloat16)] * 2
-        args += [jax.ShapeDtypeStruct((), jnp.int32)]
-        call = jax.jit(lambda *a, m=members: decode_kernel.attention(*a, m, interpret=False))
-        with jax.sharding.use_abstract_mesh(mesh):
-            exported = jax.export.export(
-                call, platforms=["cuda"],
-                disabled_checks=[jax.export.DisabledSafetyCheck.custom_call(triton)],
-            )(*args)  # fmt: skip
-        text = exported.mlir_module()
-        assert text.count(f"stablehlo.custom_call @{triton}") == 1
+        kernel = lambda *a, m=members: decode_kernel.attention(*a, m, interpret=False)
+        text = lowered_for_h100(kernel, (b, g, h, d, p, s))
+        assert text.count(f"stablehlo.custom_call @{TRITON}") == 1
         assert f"grid_x = {b} : i32, grid_y = {g // members} : i32, grid_z = {h}" in text
 
 
@@ -103,30 +112,12 @@ def test_the_flash_kernel_lowers_to_two_triton_kernels_for_a_cuda_gpu():
     split (4) and (prompt, head) row, all the prompt's members' queries in one program, and
     the own caches', a program per cache split and (prompt, member, head). At the large
     model's shapes with 1 and 4 cache splits (decode_ops.py's flash_s1 and flash_s4), and at
-    the TRL-comparable step's (a 100-key prompt padded to 128, a 96-slot cache segment)."""
-    import jax
-    import jax.numpy as jnp
-
+    the TRL-comparable step's (the prompt padded in front to 128)."""
     from grpo_jax import decode_kernel
 
-    triton = "__gpu$xla.gpu.triton"
-    h100 = jax.sharding.AbstractDevice(device_kind="NVIDIA H100 80GB HBM3", num_cores=None,
-                                       platform="gpu")  # fmt: skip
-    mesh = jax.sharding.AbstractMesh((1,), ("x",), abstract_device=h100)
     grid = "grid_x = 1 : i32, grid_y = {} : i32, grid_z = {} : i32"
-    cases = [((16, 16, 12, 64, 256, 128), splits) for splits in (1, 4)]
-    cases += [((8, 8, 4, 32, 100, 96), 1)]
-    for (b, g, h, d, p, s), splits in cases:
-        bf16 = lambda *shape: jax.ShapeDtypeStruct(shape, jnp.bfloat16)
-        args = [bf16(b, g, h, d), bf16(b, h, p, d), bf16(b, h, p, d)]
-        args += [jax.ShapeDtypeStruct((b, p), jnp.bool_), bf16(b, g, h, s, d), bf16(b, g, h, s, d)]
-        args += [jax.ShapeDtypeStruct((), jnp.int32)]
-        call = jax.jit(lambda *a, k=splits: decode_kernel.flash_attention(*a, k, interpret=False))
-        with jax.sharding.use_abstract_mesh(mesh):
-            exported = jax.export.export(
-                call, platforms=["cuda"],
-                disabled_checks=[jax.export.DisabledSafetyCheck.custom_call(triton)],
-            )(*args)  # fmt: skip
-        text = exported.mlir_module()
-        assert text.count(f"stablehlo.custom_call @{triton}") == 2
+    for (b, g, h, d, p, s), splits in [(LARGE, 1), (LARGE, 4), (TRL_STEP, 1)]:
+        kernel = lambda *a, k=splits: decode_kernel.flash_attention(*a, k, interpret=False)
+        text = lowered_for_h100(kernel, (b, g, h, d, p, s))
+        assert text.count(f"stablehlo.custom_call @{TRITON}") == 2
         assert grid.format(4, b * h) in text and grid.format(splits, b * g * h) in text
