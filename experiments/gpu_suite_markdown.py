@@ -66,8 +66,9 @@ def markdown(raw: dict) -> str:
         for batch, large in res["attention"].items():
             lines += large_section(large, batch)
     if res.get("pallas"):
-        lines += ["", "## Larger model, the decode steps' attention as Pallas kernels "
-                  "(`model.decode_kernel` as its command sets it)"]  # fmt: skip
+        flash = any("decode_kernel=flash" in r.get("command", "") for r in res["pallas"].values())
+        kernel = "jax's flash-decoding kernel" if flash else "one Pallas kernel per layer"
+        lines += ["", f"## Larger model, the decode steps' attention as {kernel}"]
         for batch, large in res["pallas"].items():
             lines += large_section(large, batch)
     for name, prof in (res.get("profile") or {}).items():

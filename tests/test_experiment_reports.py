@@ -73,6 +73,20 @@ def test_gpu_suite_records_render_to_their_markdown(name):
     assert md == record.with_suffix(".md").read_text()
 
 
+def test_the_pallas_part_names_the_decode_kernel_its_command_set():
+    """The pallas part's section names the kernel: the framework's own, as in the H100
+    record, or jax's flash-decoding kernel where the command says
+    ``--config.model.decode_kernel=flash`` (gpu_suite.py --decode_kernel=flash)."""
+    raw = json.loads((RESULTS / "gpu_suite_nvidia-h100-80gb-hbm3.json").read_text())
+    own = "## Larger model, the decode steps' attention as one Pallas kernel per layer"
+    assert own in gpu_suite_markdown.markdown(raw)
+    for rec in raw["results"]["pallas"].values():
+        rec["command"] = rec["command"].replace("decode_kernel=pallas", "decode_kernel=flash")
+    md = gpu_suite_markdown.markdown(raw)
+    assert own not in md
+    assert "## Larger model, the decode steps' attention as jax's flash-decoding kernel" in md
+
+
 @pytest.mark.parametrize("name", ["profile_cpu", "profile_cpu_exhaustive"])
 def test_cpu_profiles_render_to_their_markdown(name):
     """Each committed CPU profile renders to its committed markdown, which says that every
