@@ -294,7 +294,7 @@ def main(argv):
             own_splits=splits,
             prompt_splits=decode_kernel.FLASH_PROMPT_SPLITS,
             block=decode_kernel.BLOCK,
-        ),  # fmt: skip
+        ),
         "step_bytes": step_bytes,
         "pallas_interpreted": jax.default_backend() == "cpu",
         "variants": results,

@@ -128,12 +128,12 @@ def decode_bytes(overrides: dict, params: int) -> float | None:
     keys and values (L x 2 x [B, P, D]) and the member cache at that step's segment length
     (L x 2 x [B, G, S, D]; rollout.cache_segments). With ``model.decode_kernel`` ``pallas``
     or ``flash`` a step reads only the cache chunks holding its written slots
-    (decode_kernel.BLOCK each) and the prompt padded to whole chunks (``flash``: to a whole
-    chunk per key split). What a step writes (one cache slot) and its activations are rows,
+    (decode_kernel.BLOCK each) and the prompt padded as the kernel pads it
+    (decode_kernel.PROMPT_ALIGN). What a step writes (one cache slot) and its activations are rows,
     not matrices, and are left out."""
     import jax.numpy as jnp
 
-    from grpo_jax.decode_kernel import BLOCK, FLASH_PROMPT_SPLITS
+    from grpo_jax.decode_kernel import BLOCK, PROMPT_ALIGN
     from grpo_jax.rollout import cache_segments
 
     keys = ("model.num_layers", "model.d_model", "train.batch_size", "group.size")
@@ -145,8 +145,7 @@ def decode_bytes(overrides: dict, params: int) -> float | None:
     kernel = overrides.get("model.decode_kernel", "xla")
     pallas = kernel != "xla"
     ends = cache_segments(h - 1)  # XLA's steps read their segment's whole cache
-    chunk = BLOCK * (FLASH_PROMPT_SPLITS if kernel == "flash" else 1)
-    p = -(-p // chunk) * chunk if pallas else p
+    p = -(-p // PROMPT_ALIGN[kernel]) * PROMPT_ALIGN[kernel] if pallas else p
     total = 0
     for t in range(h - 1):
         slots = (t // BLOCK + 1) * BLOCK if pallas else next(e for e in ends if t < e)

@@ -50,10 +50,10 @@ def host_devices(n: int) -> None:
         sys.exit(f"error: XLA_FLAGS asks for {have.group(1)} CPU devices; --rollout_devices={n}")
 
 
-def sides(config) -> dict:
-    """({"split": side, "fused": side} as measure.stepping_round takes them (run, state,
-    inputs), each stepping its own copy of one state, warmed up by --warmup steps; each
-    way's rollout alone, state -> batch on device 0)."""
+def sides(config) -> tuple[dict, dict]:
+    """The two sides, {"split": side, "fused": side}, as measure.stepping_round takes them
+    (run, state, inputs), each stepping its own copy of one state, warmed up by --warmup
+    steps; and each way's rollout alone (state -> batch on device 0), by the same names."""
     import jax
     import jax.numpy as jnp
     from measure import build_step, run_steps

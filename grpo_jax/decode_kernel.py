@@ -39,6 +39,11 @@ MEMBERS = 1  # members per program in the model
 _NEG = -1e30  # finite, as model._NEG_INF: a chunk of padding never makes inf - inf
 FLASH_PROMPT_SPLITS = 4  # flash: the prompt's keys in this many parallel splits
 FLASH_OWN_SPLITS = 1  # flash: the member cache's splits in the model (decode_ops.py times others)
+# per kernel: the multiple its prompt is padded to (whole chunks; flash: a whole number of
+# chunks per split), and the least head dimension it takes (flash's products are Triton's
+# tl.dot, whose operands need 16 or more rows and columns)
+PROMPT_ALIGN = {"pallas": BLOCK, "flash": FLASH_PROMPT_SPLITS * BLOCK}
+LEAST_HEAD_DIM = {"pallas": 1, "flash": 16}
 
 
 def _kernel(idx_ref, q_ref, pk_ref, pv_ref, pbias_ref, ck_ref, cv_ref, o_ref, *, block):
@@ -98,7 +103,7 @@ def attention(q, pk, pv, pmask, ck, cv, index, members=MEMBERS, warps=4, interpr
         raise ValueError(f"decode kernel: {members} members per program must divide G = {g} "
                          f"and, with head dimension {d}, a power of two; the cache length {s} "
                          f"a multiple of {BLOCK}")  # fmt: skip
-    pad = -pk.shape[2] % BLOCK
+    pad = -pk.shape[2] % PROMPT_ALIGN["pallas"]
     if pad:  # masked keys at the end: the prompt's real keys are unchanged
         pk, pv = (jnp.pad(x, [(0, 0), (0, 0), (0, pad), (0, 0)]) for x in (pk, pv))
         pmask = jnp.pad(pmask, [(0, 0), (0, pad)])
@@ -146,7 +151,7 @@ def flash_attention(q, pk, pv, pmask, ck, cv, index, own_splits=FLASH_OWN_SPLITS
     from jax.experimental.pallas.ops.gpu import decode_attention
 
     b, g, h, d = q.shape
-    pad = -pk.shape[2] % (FLASH_PROMPT_SPLITS * BLOCK)
+    pad = -pk.shape[2] % PROMPT_ALIGN["flash"]
     pk, pv = (jnp.pad(x, [(0, 0), (0, 0), (pad, 0), (0, 0)]) for x in (pk, pv))
     p = pk.shape[2]
     run = functools.partial(

@@ -36,7 +36,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from grpo_jax.decode_kernel import KERNELS as DECODE_PALLAS
+from grpo_jax.decode_kernel import KERNELS as PALLAS_KERNELS
 from grpo_jax.products import dense_dot, lookup
 
 _NEG_INF = -1e30  # large-but-finite so fully masked rows never make NaNs
@@ -105,7 +105,7 @@ def _attention(q, pk, pv, pmask, sk, sv, self_mask, dtype):
 
 
 ATTENTION = ("shared_prefix", "xla", "cudnn")  # model.attention's choices
-DECODE_KERNELS = ("xla", "pallas", "flash")  # model.decode_kernel's: XLA's or decode_kernel.py's
+DECODE_KERNELS = ("xla", *PALLAS_KERNELS)  # model.decode_kernel's: XLA's or decode_kernel.py's
 
 
 def _joint_attention(q, k, v, prefix, self_mask, implementation):
@@ -189,7 +189,7 @@ class Block(nn.Module):
             sv = jax.lax.dynamic_update_slice_in_dim(cache[1], v.astype(cache[1].dtype), index, 3)
             mask = (jnp.arange(sk.shape[3]) <= index)[None, :]
         if cache is not None and self.decode_kernel != "xla":
-            kernel = DECODE_PALLAS[self.decode_kernel]
+            kernel = PALLAS_KERNELS[self.decode_kernel]
             att = kernel(q[:, :, 0], *prefix, sk, sv, index)[:, :, None]
         elif cache is None and self.attention != "shared_prefix":
             # decode keeps the shared-prefix path: one query per member would copy the

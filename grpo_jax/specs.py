@@ -15,6 +15,7 @@ import jax
 import jax.extend
 
 from grpo_jax import objective
+from grpo_jax.decode_kernel import LEAST_HEAD_DIM
 from grpo_jax.model import ATTENTION, DECODE_KERNELS
 from grpo_jax.rollout import SamplingParams
 from grpo_jax.validate import boolean, choice, integer, number, require
@@ -318,9 +319,8 @@ class ModelSpec:
             multiple_of_8 = (lambda hd: hd % 8 == 0, "a multiple of 8")
             spec.check_gpu_kernel("model.attention", "cudnn", multiple_of_8, fix, half=True)
         if spec.decode_kernel != "xla":  # decode_kernel.py, Triton kernels (elsewhere JAX
-            # could only interpret them, as the tests do); flash's products are tl.dot's,
-            # whose operands need 16 or more rows and columns
-            least = 16 if spec.decode_kernel == "flash" else 1
+            # could only interpret them, as the tests do)
+            least = LEAST_HEAD_DIM[spec.decode_kernel]
             words = "a power of two" + (f" of at least {least}" if least > 1 else "")
             head = (lambda hd: hd & (hd - 1) == 0 and hd >= least, words)
             spec.check_gpu_kernel("model.decode_kernel", spec.decode_kernel, head, "else use 'xla'")

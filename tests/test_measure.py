@@ -346,8 +346,7 @@ def test_rollout_devices_ab_splits_the_step_and_trains_as_one_program(shakespear
     """experiments/rollout_devices_ab.py on the tiny sampled step: the rollout on two CPU
     devices and the update on one time alternately against the one-program step, and a step
     taken both ways from one state samples the same batch and trains to the same loss and
-    params; too few host devices in
-    the caller's XLA_FLAGS give one error line."""
+    params; too few host devices in the caller's XLA_FLAGS give one error line."""
     args = ["--config=configs/shakespeare.py:tiny,sampled", "--rounds=2", "--calls=2"]
     done = run_script("rollout_devices_ab.py", *args, data=shakespeare_path)
     assert done.returncode == 0, done.stderr[-3000:]
