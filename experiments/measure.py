@@ -163,21 +163,28 @@ def time_train_step(jitted_step, state, inputs, warmup: int, steps: int):
     return compiled, state, metrics, compile_s, times
 
 
+def executable_memory(compiled) -> dict:
+    """XLA's buffer plan for a compiled program, where the backend gives one: its sizes
+    (``executable_memory``) and ``executable_bytes`` = argument + output + temp - aliased,
+    the device memory the program needs; {} where it gives none."""
+    try:
+        ma = None if compiled is None else compiled.memory_analysis()
+    except Exception:  # not every backend implements it
+        ma = None
+    if ma is None:
+        return {}
+    names = ("argument", "output", "temp", "alias", "generated_code")
+    sizes = {n: int(getattr(ma, f"{n}_size_in_bytes", 0)) for n in names}
+    total = sizes["argument"] + sizes["output"] + sizes["temp"] - sizes["alias"]
+    return {"executable_memory": sizes, "executable_bytes": total}
+
+
 def memory(compiled):
     """Device peak if the backend reports one, else the step executable's own estimate
     (argument + output + temp - aliased, from XLA), else the process peak RSS."""
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux: KiB
     out = {"process_peak_rss_bytes": int(rss)}
-    try:
-        ma = None if compiled is None else compiled.memory_analysis()
-    except Exception:  # not every backend implements it
-        ma = None
-    if ma is not None:
-        names = ("argument", "output", "temp", "alias", "generated_code")
-        sizes = {n: int(getattr(ma, f"{n}_size_in_bytes", 0)) for n in names}
-        out["executable_memory"] = sizes
-        out["executable_bytes"] = sizes["argument"] + sizes["output"] + sizes["temp"]
-        out["executable_bytes"] -= sizes["alias"]
+    out.update(executable_memory(compiled))
     stats = jax.devices()[0].memory_stats()
     if stats and "peak_bytes_in_use" in stats:
         out["peak_memory_bytes"] = int(stats["peak_bytes_in_use"])

@@ -52,7 +52,6 @@ import platform
 import shutil
 import sys
 import time
-from pathlib import Path
 
 import device_lock
 import jax
@@ -68,6 +67,7 @@ from xla_profile import (
     summarise,
     thunk_times,
     traced,
+    write_results,
 )
 
 FLAGS = flags.FLAGS
@@ -139,12 +139,7 @@ def main(argv):
     }
     shutil.rmtree(trace_dir)  # tens of MB per traced step
     if FLAGS.out_dir:
-        out = Path(FLAGS.out_dir)
-        out.mkdir(parents=True, exist_ok=True)
-        (out / f"{FLAGS.name}.json").write_text(json.dumps(res, indent=1) + "\n")
-        (out / f"{FLAGS.name}.md").write_text(markdown(res))
-        if FLAGS.hlo:
-            (out / f"{FLAGS.name}.hlo.txt").write_text(hlo)
+        write_results(FLAGS.out_dir, FLAGS.name, res, markdown(res), hlo if FLAGS.hlo else None)
     print(markdown(res))
     print(json.dumps(res))  # the last line: what gpu_suite.py's profile part reads
 

@@ -40,11 +40,13 @@ _COMP = re.compile(r"^(?:ENTRY )?%?([\w.\-]+) .*\{\s*$")
 
 
 def parse_hlo(text: str) -> dict:
-    """{instruction name: {"shape", "opcode", "op_name", "body", "batched", "target"}} for
-    every instruction of every computation. "body" lists the opcodes of the computation a
-    fusion calls (does it hold a dot, a reduce, a gather); "batched": a dot with batch
-    dimensions, the instruction's own, one in its body, or a cuBLAS call's (its backend
-    config's ``lhs_batch_dimensions``); "target": a custom-call's ``custom_call_target``.
+    """{instruction name: {"shape", "opcode", "op_name", "comp", "body", "batched", "target",
+    "loop_body", "trip"}} for every instruction of every computation. "comp": the computation
+    it is in; "body" lists the opcodes of the computation a fusion calls (does it hold a dot,
+    a reduce, a gather); "batched": a dot with batch dimensions, the instruction's own, one in
+    its body, or a cuBLAS call's (its backend config's ``lhs_batch_dimensions``); "target": a
+    custom-call's ``custom_call_target``; a while's "loop_body" (its body computation) and
+    "trip" (XLA's known trip count, or None).
     An instruction without an op_name (XLA drops some inside loop bodies) takes the op_name
     of the instruction that calls its computation, so a decode step's ops still name their
     stage."""
@@ -69,8 +71,12 @@ def parse_hlo(text: str) -> dict:
         for callee in called:
             caller.setdefault(callee, name)
         op_name = op_name.group(1) if op_name else ""
+        loop = re.search(r"body=%?([\w.\-]+)", line)
+        trip = re.search(r'known_trip_count":\{"n":"(\d+)"', line)
         instrs[name] = dict(shape=shape, opcode=opcode, comp=comp, batched=batched,
-                            op_name=op_name, calls=called, target=target)  # fmt: skip
+                            op_name=op_name, calls=called, target=target,
+                            loop_body=loop.group(1) if loop else None,
+                            trip=int(trip.group(1)) if trip else None)  # fmt: skip
     for name, info in instrs.items():
         body = [op for callee in info.pop("calls") for op in bodies.get(callee, [])]
         info["body"] = sorted({op for op, _ in body})
@@ -79,8 +85,6 @@ def parse_hlo(text: str) -> dict:
         while not info["op_name"] and up in instrs and instrs[up]["comp"] in caller:
             up = caller[instrs[up]["comp"]]
             info["op_name"] = instrs[up]["op_name"] if up in instrs else ""
-    for info in instrs.values():
-        info.pop("comp")
     return instrs
 
 
@@ -108,6 +112,42 @@ def stage_of(op_name: str) -> str:
         if all(m in op_name for m in marks):
             return stage
     return "other"
+
+
+# instructions that launch no work of their own: a loop body's kernels are the others
+NO_KERNEL = {"parameter", "get-tuple-element", "tuple", "bitcast", "constant"}
+
+
+def decode_loops(instrs: dict) -> list:
+    """The rollout's decode loops (one per cache segment), in the module's order: for each
+    while of the decode loop's stage, its trip count and the instructions its body runs at
+    every decode step (NO_KERNEL's left out), each as (name, kind, layer or None, source op,
+    shape); the layer from the op's ``blocks_<i>`` scope, None outside the layers (the
+    sampler, the logits, the cache bookkeeping)."""
+    loops = []
+    for name, info in instrs.items():
+        if info["opcode"] != "while" or stage_of(info["op_name"]) != "rollout: decode loop":
+            continue
+        kernels = []
+        for k, ki in instrs.items():
+            if ki["comp"] != info["loop_body"] or ki["opcode"] in NO_KERNEL:
+                continue
+            layer = re.search(r"blocks_(\d+)", ki["op_name"])
+            layer = int(layer.group(1)) if layer else None
+            kernels.append((k, kind_of(k, ki), layer, source_op(ki["op_name"]), ki["shape"]))
+        loops.append(dict(name=name, trip=info["trip"], kernels=kernels))
+    return loops
+
+
+def write_results(out_dir: str, name: str, res: dict, md: str, hlo: str | None = None):
+    """``res`` as ``<out_dir>/<name>.json``, its markdown as ``.md`` and, given, the compiled
+    HLO as ``.hlo.txt``."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / f"{name}.json").write_text(json.dumps(res, indent=1) + "\n")
+    (out / f"{name}.md").write_text(md)
+    if hlo is not None:
+        (out / f"{name}.hlo.txt").write_text(hlo)
 
 
 def module_name(text: str) -> str:

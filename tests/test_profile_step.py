@@ -197,6 +197,57 @@ def test_device_tracks_count_kernels_and_report_what_names_no_instruction(tmp_pa
     assert "not attributed to an instruction: 0.03 ms per step in 1 events" in P.markdown(res)
 
 
+LOOPS_HLO = """
+%decode_body (p: (s32[], bf16[2,8])) -> (s32[], bf16[2,8]) {
+  %p = (s32[], bf16[2,8]) parameter(0)
+  %gte.1 = bf16[2,8]{1,0} get-tuple-element(%p), index=1
+  %loop_convert_fusion.2 = bf16[2,8]{1,0} fusion(%gte.1), kind=kLoop, calls=%c1, metadata={op_name="jit(fused)/rollout/while/body/closed_call/Transformer.decode/blocks_0/ln1/convert_element_type"}
+  %gemm_fusion_dot.3 = bf16[2,8]{1,0} fusion(%loop_convert_fusion.2), kind=kCustom, calls=%c2, metadata={op_name="jit(fused)/rollout/while/body/closed_call/Transformer.decode/blocks_0/qkv/dot_general"}
+  %pallas_call.4 = bf16[2,8]{1,0} custom-call(%gemm_fusion_dot.3), custom_call_target="__gpu$xla.gpu.triton", metadata={op_name="jit(fused)/rollout/while/body/closed_call/Transformer.decode/blocks_1/pallas_call"}
+  %bitcast.5 = bf16[16]{0} bitcast(%pallas_call.4)
+  %constant.6 = s32[] constant(1)
+  %triton_softmax.7 = f32[2,8]{1,0} fusion(%pallas_call.4), kind=kCustom, calls=%c3
+  ROOT %tuple.8 = (s32[], bf16[2,8]) tuple(%constant.6, %pallas_call.4)
+}
+
+%update_body (q: (s32[], f32[2])) -> (s32[], f32[2]) {
+  %q = (s32[], f32[2]) parameter(0)
+  ROOT %fusion.9 = (s32[], f32[2]) fusion(%q), kind=kLoop, calls=%c4
+}
+
+ENTRY %main.10 (a: bf16[2,8]) -> bf16[2,8] {
+  %while.11 = (s32[], bf16[2,8]{1,0}) while(%t), condition=%cond.1, body=%decode_body, metadata={op_name="jit(fused)/rollout/while"}, backend_config={"known_trip_count":{"n":"31"}}
+  %while.12 = (s32[], f32[2]{0}) while(%u), condition=%cond.2, body=%update_body, metadata={op_name="jit(fused)/update/while"}, backend_config={"known_trip_count":{"n":"4"}}
+  ROOT %gte.13 = bf16[2,8]{1,0} get-tuple-element(%while.11), index=1
+}
+"""  # noqa: E501  (an optimised XLA:GPU module's lines as XLA prints them)
+
+
+def test_a_decode_loop_lists_the_kernels_its_body_runs_each_step():
+    """xla_profile.decode_loops (experiments/gpu_compile.py's inventory): only the rollout's
+    while, with XLA's trip count; its body's kernels, not its parameters, tuple elements,
+    bitcasts and constants; each with its layer (from ``blocks_<i>``), or None for an
+    unnamed kernel (which takes the while's own name)."""
+    (loop,) = P.decode_loops(P.parse_hlo(LOOPS_HLO))
+    assert loop["name"] == "while.11" and loop["trip"] == 31
+    names = [k[0] for k in loop["kernels"]]
+    assert names == ["loop_convert_fusion.2", "gemm_fusion_dot.3", "pallas_call.4",
+                     "triton_softmax.7"]  # fmt: skip
+    assert [k[2] for k in loop["kernels"]] == [0, 0, 1, None]
+    assert loop["kernels"][1][3] == "rollout/Transformer.decode/blocks_*/qkv/dot_general"
+    assert loop["kernels"][3][3] == "rollout/while"
+
+
+def test_the_rollouts_scan_is_a_decode_loop_on_a_cpu_too(profiled):
+    """The small program's scan, compiled here: one loop of LOOP steps, whose body runs both
+    batched matmuls."""
+    instrs, _, _ = profiled
+    (loop,) = P.decode_loops(instrs)
+    assert loop["trip"] == LOOP
+    shapes = {k[4].split("{")[0] for k in loop["kernels"] if k[1] == "batched matmul"}
+    assert shapes == {"f32[16,8,24]", "f32[16,8,32]"}
+
+
 def test_one_op_sums_over_its_layers_and_loop_segments():
     """by_op: the same model op in every layer and in each decode segment's loop body is one
     row (its instructions counted), kept apart by kind and stage, costliest first."""

@@ -1,0 +1,93 @@
+"""The flag-free parts of experiments/gpu_compile.py (tests import them): the GPUs it
+compiles for, and its report of a compiled step (counts and markdown)."""
+
+import collections
+
+# XLA's description of each GPU (its GpuTargetConfig proto, text form): what the compiler
+# reads of a device. The H100's figures are NVIDIA's for the SXM part; the H200's differ in
+# its memory (139 GiB as the device tool reports it) and bandwidth (4.8 TB/s).
+_HOPPER = """gpu_device_info {{
+  threads_per_block_limit: 1024 threads_per_warp: 32 shared_memory_per_block: 49152
+  shared_memory_per_core: 233472 threads_per_core_limit: 2048 core_count: 132
+  fpus_per_core: 128 block_dim_limit_x: 2147483647 block_dim_limit_y: 65535
+  block_dim_limit_z: 65535 memory_bandwidth: {bandwidth} l2_cache_size: 52428800
+  clock_rate_ghz: 1.98 device_memory_size: {memory} shared_memory_per_block_optin: 232448
+  cuda_compute_capability {{ major: 9 minor: 0 }}
+  registers_per_core_limit: 65536 registers_per_block_limit: 65536
+}}
+platform_name: "CUDA"
+dnn_version_info {{ major: 9 minor: 8 }}
+runtime_version {{ major: 13 minor: 0 }}
+device_description_str: "{name}"
+"""
+TARGETS = {
+    "h100": _HOPPER.format(
+        name="NVIDIA H100 80GB HBM3", memory=84929347584, bandwidth=3352320000000
+    ),
+    "h200": _HOPPER.format(name="NVIDIA H200", memory=149250000000, bandwidth=4800000000000),
+}
+TRITON = "__gpu$xla.gpu.triton"
+
+
+def loop_summary(loops: list) -> list:
+    """Per decode loop: its trip count, kernels per decode step, per layer (least and most
+    over the layers) and outside the layers (with those whose op names no layer: XLA drops
+    some names in a loop body)."""
+    rows = []
+    for loop in loops:
+        per_layer = collections.Counter(k[2] for k in loop["kernels"] if k[2] is not None)
+        outside = sum(1 for k in loop["kernels"] if k[2] is None)
+        counts = list(per_layer.values()) or [0]
+        rows.append(dict(loop=loop["name"], trip=loop["trip"], kernels=len(loop["kernels"]),
+                         layers=len(per_layer), per_layer=(min(counts), max(counts)),
+                         outside_layers=outside))  # fmt: skip
+    return rows
+
+
+def layer_kernels(loops: list, layer: int = 1) -> list:
+    """The longest decode loop's kernels of one layer (by default the second: the first can
+    hold more; a one-layer model's only one) and those outside the layers, as (name, kind,
+    layer, source op, shape)."""
+    if not loops:
+        return []
+    longest = max(loops, key=lambda lp: lp["trip"] or 0)
+    layers = {k[2] for k in longest["kernels"] if k[2] is not None}
+    layer = layer if layer in layers else min(layers, default=None)
+    return [k for k in longest["kernels"] if k[2] in (layer, None)]
+
+
+def markdown(res: dict) -> str:
+    mem = res["memory"]
+    shown = next((k[2] for k in res["layer_kernels"] if k[2] is not None), "-")
+    gib = lambda b: f"{b / 2**30:.2f} GiB"
+    lines = [
+        f"# {res['name']}: the step compiled for an {res['device']}, without one",
+        "",
+        f"{res['when']}; jax {res['jax']}; compute dtype {res['dtype']}; {res['params']:,} params. "
+        f"Command: `{res['command']}`.",
+        "",
+        f"- compiled in {res['compile_s']:.1f} s; Triton kernels in the program: "
+        f"{res['triton_kernels']}",
+        f"- XLA's buffer plan: {gib(mem['executable_bytes'])} (arguments "
+        f"{gib(mem['executable_memory']['argument'])}, temporaries "
+        f"{gib(mem['executable_memory']['temp'])})",
+        "",
+        "| decode loop | steps | kernels per step | per layer | outside the layers, unnamed |",
+        "| --- | --- | --- | --- | --- |",
+    ]
+    for r in res["decode_loops"]:
+        lo, hi = r["per_layer"]
+        per = f"{lo}" if lo == hi else f"{lo}-{hi}"
+        lines.append(f"| {r['loop']} | {r['trip']} | {r['kernels']} | {per} ({r['layers']} "
+                     f"layers) | {r['outside_layers']} |")  # fmt: skip
+    lines += [
+        "",
+        f"The longest decode loop's kernels of layer {shown}, and those outside the layers:",
+        "",
+        "| instruction | kind | layer | source op | shape |",
+        "| --- | --- | --- | --- | --- |",
+    ]
+    for name, kind, layer, op, shape in res["layer_kernels"]:
+        where = "-" if layer is None else str(layer)
+        lines.append(f"| {name} | {kind} | {where} | `{op}` | `{shape[:70]}` |")
+    return "\n".join(lines) + "\n"
