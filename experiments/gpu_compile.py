@@ -19,8 +19,8 @@ machine with PyPI, in a venv of its own (about 5 GB):
 (``--large`` applies gpu_suite_plan.LARGE, the suite's large model, under the command
 line's own overrides). Writes ``--out_dir/<name>.json`` and ``.md`` (``--hlo``: also the
 optimised HLO). On 2026-11-28 jax 0.10.2 compiled the large model's step for an H100 in
-about 28 s on a 2-core CPU; its buffer plan, 23.46 GiB, is near the 23.0 GiB peak one H200
-measured for that step. jax's cuDNN attention (``model.attention=cudnn``) does not lower this
+about 28 s on a 2-core CPU; its buffer plan, 23.46 GiB, is near the 23.04 GiB peak one H100
+measured for that step (2026-11-28, jax 0.11.2). jax's cuDNN attention (``model.attention=cudnn``) does not lower this
 way (jax looks for its rule on the CPU platform). A step with a Python reward (two programs
 around a host call) is refused with an error line.
 """
