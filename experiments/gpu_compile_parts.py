@@ -56,21 +56,31 @@ def layer_kernels(loops: list, layer: int = 1) -> list:
     return [k for k in longest["kernels"] if k[2] in (layer, None)]
 
 
+def collectives_line(rows: dict) -> str:
+    """One step's collectives as a sentence: count and bytes per kind, or none."""
+    if not rows:
+        return "none"
+    mb = lambda b: f"{b / 1e6:,.1f} MB"
+    return ", ".join(f"{k} {r['count']:,} ({mb(r['bytes'])})" for k, r in sorted(rows.items()))
+
+
 def markdown(res: dict) -> str:
     mem = res["memory"]
     shown = next((k[2] for k in res["layer_kernels"] if k[2] is not None), "-")
     gib = lambda b: f"{b / 2**30:.2f} GiB"
+    mesh = " x ".join(f"{k} {v}" for k, v in res["mesh"].items())
     lines = [
-        f"# {res['name']}: the step compiled for an {res['device']}, without one",
+        f"# {res['name']}: the step compiled for {res['devices']} x {res['device']}, without one",
         "",
-        f"{res['when']}; jax {res['jax']}; compute dtype {res['dtype']}; {res['params']:,} params. "
-        f"Command: `{res['command']}`.",
+        f"{res['when']}; jax {res['jax']}; compute dtype {res['dtype']}; {res['params']:,} params; "
+        f"mesh {mesh}; XLA_FLAGS `{res['xla_flags']}`. Command: `{res['command']}`.",
         "",
         f"- compiled in {res['compile_s']:.1f} s; Triton kernels in the program: "
         f"{res['triton_kernels']}",
-        f"- XLA's buffer plan: {gib(mem['executable_bytes'])} (arguments "
+        f"- XLA's buffer plan per device: {gib(mem['executable_bytes'])} (arguments "
         f"{gib(mem['executable_memory']['argument'])}, temporaries "
         f"{gib(mem['executable_memory']['temp'])})",
+        f"- collectives per step (each device): {collectives_line(res['collectives'])}",
         "",
         "| decode loop | steps | kernels per step | per layer | outside the layers, unnamed |",
         "| --- | --- | --- | --- | --- |",

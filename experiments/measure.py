@@ -29,13 +29,41 @@ def configure_host(config) -> str:
     return config.cpu_buffers if applied or config.cpu_buffers == "release" else "not applied"
 
 
+def _task(config):
+    """The train task, its initial params and their count, as the trainer makes them."""
+    task = build_task(config, "train")
+    params0 = trainer.initial_params(config, task)
+    return task, params0, int(sum(x.size for x in jax.tree.leaves(params0)))
+
+
+def abstract_step(config, devices):
+    """The config's step as the trainer builds it on ``config.mesh`` over ``devices``, which
+    this process need not have (a deviceless topology's): (jitted fused step, abstract state,
+    abstract inputs, mesh, params count). The state and inputs are ShapeDtypeStructs on their
+    shardings, ready to lower; nothing is placed on a device."""
+    task, params0, n_params = _task(config)
+    mesh = sharding.make_mesh(config.get("mesh"), devices)
+    sharding.check_batch(config.train.batch_size, mesh)
+    step, inputs = task.build(params0, mesh=mesh)
+    if step.host is not None:
+        raise ValueError(
+            "a Python reward splits the step into two programs around a host call; use a "
+            "jittable reward (--config.reward.terms)"
+        )
+    state = task.make_state(params0)
+    state_sh = sharding.state_shardings(mesh, state, bool(config.mesh.shard_params))
+    rep = sharding.replicated(mesh)
+    spec = lambda a, sh: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=sh)
+    state = jax.tree.map(spec, state, state_sh)
+    inputs = jax.tree.map(lambda a: spec(a, rep), inputs)
+    return sharding.jit_fused(step.fused, state_sh, rep), state, inputs, mesh, n_params
+
+
 def build_step(config, on_mesh: bool = True):
     """(task, step, jitted step, state, inputs, mesh, params count) as the trainer builds
     them: on config.mesh (sharded state and inputs, member shard_map) or, not ``on_mesh``,
     plain jit (mesh None)."""
-    task = build_task(config, "train")
-    params0 = trainer.initial_params(config, task)
-    n_params = sum(x.size for x in jax.tree.leaves(params0))
+    task, params0, n_params = _task(config)
     mesh = sharding.make_mesh(config.get("mesh")) if on_mesh else None
     if mesh is not None:
         sharding.check_batch(config.train.batch_size, mesh)
@@ -52,7 +80,7 @@ def build_step(config, on_mesh: bool = True):
         else:  # a Python reward splits the step: sharding.jit_step on one device
             one = sharding.make_mesh(None, jax.devices()[:1])
             jstep, state, inputs, _ = sharding.jit_step(step, one, state, inputs)
-    return task, step, jstep, state, inputs, mesh, int(n_params)
+    return task, step, jstep, state, inputs, mesh, n_params
 
 
 def timed(fn, *args, runs=1):

@@ -40,13 +40,14 @@ _COMP = re.compile(r"^(?:ENTRY )?%?([\w.\-]+) .*\{\s*$")
 
 
 def parse_hlo(text: str) -> dict:
-    """{instruction name: {"shape", "opcode", "op_name", "comp", "body", "batched", "target",
-    "loop_body", "trip"}} for every instruction of every computation. "comp": the computation
-    it is in; "body" lists the opcodes of the computation a fusion calls (does it hold a dot,
-    a reduce, a gather); "batched": a dot with batch dimensions, the instruction's own, one in
-    its body, or a cuBLAS call's (its backend config's ``lhs_batch_dimensions``); "target": a
-    custom-call's ``custom_call_target``; a while's "loop_body" (its body computation) and
-    "trip" (XLA's known trip count, or None).
+    """{instruction name: {"shape", "opcode", "op_name", "comp", "calls", "body", "batched",
+    "target", "loop_body", "trip"}} for every instruction of every computation. "comp": the
+    computation it is in; "calls": the computations it calls; "body" lists the opcodes of the
+    computation a fusion calls (does it hold a dot, a reduce, a gather); "batched": a dot
+    with batch dimensions, the instruction's own, one in its body, or a cuBLAS call's (its
+    backend config's ``lhs_batch_dimensions``); "target": a custom-call's
+    ``custom_call_target``; a while's "loop_body" (its body computation) and "trip" (XLA's
+    known trip count, or None).
     An instruction without an op_name (XLA drops some inside loop bodies) takes the op_name
     of the instruction that calls its computation, so a decode step's ops still name their
     stage."""
@@ -65,9 +66,9 @@ def parse_hlo(text: str) -> dict:
         batched = "lhs_batch_dims" in line or bool(_JSON_BATCH.search(line))
         bodies[comp].append((opcode, batched))
         op_name = re.search(r'op_name="([^"]*)"', line)
-        called = re.findall(
-            r"(?:calls|body|condition|to_apply|branch_computations)=\{?%?([\w.\-]+)", line
-        )
+        called = re.findall(r"(?:calls|body|condition|to_apply)=%?([\w.\-]+)", line)
+        branches = re.search(r"branch_computations=\{([^}]*)\}", line)
+        called += re.findall(r"%?([\w.\-]+)", branches.group(1)) if branches else []
         for callee in called:
             caller.setdefault(callee, name)
         op_name = op_name.group(1) if op_name else ""
@@ -78,7 +79,7 @@ def parse_hlo(text: str) -> dict:
                             loop_body=loop.group(1) if loop else None,
                             trip=int(trip.group(1)) if trip else None)  # fmt: skip
     for name, info in instrs.items():
-        body = [op for callee in info.pop("calls") for op in bodies.get(callee, [])]
+        body = [op for callee in info["calls"] for op in bodies.get(callee, [])]
         info["body"] = sorted({op for op, _ in body})
         info["batched"] |= any(b for op, b in body if op == "dot")
         up = name
@@ -120,13 +121,15 @@ NO_KERNEL = {"parameter", "get-tuple-element", "tuple", "bitcast", "constant"}
 
 def decode_loops(instrs: dict) -> list:
     """The rollout's decode loops (one per cache segment), in the module's order: for each
-    while of the decode loop's stage, its trip count and the instructions its body runs at
-    every decode step (NO_KERNEL's left out), each as (name, kind, layer or None, source op,
-    shape); the layer from the op's ``blocks_<i>`` scope, None outside the layers (the
-    sampler, the logits, the cache bookkeeping)."""
+    while of the rollout whose body runs the model's decode step (its other loops, such as a
+    reference's, are left out), its trip count and the instructions
+    its body runs at every decode step (NO_KERNEL's left out), each as (name, kind, layer or
+    None, source op, shape); the layer from the op's ``blocks_<i>`` scope, None outside the
+    layers (the sampler, the logits, the cache bookkeeping)."""
     loops = []
     for name, info in instrs.items():
-        if info["opcode"] != "while" or stage_of(info["op_name"]) != "rollout: decode loop":
+        # by its body, not its own name: inside a shard_map the while is named by the map
+        if info["opcode"] != "while" or "rollout" not in info["op_name"]:
             continue
         kernels = []
         for k, ki in instrs.items():
@@ -135,8 +138,67 @@ def decode_loops(instrs: dict) -> list:
             layer = re.search(r"blocks_(\d+)", ki["op_name"])
             layer = int(layer.group(1)) if layer else None
             kernels.append((k, kind_of(k, ki), layer, source_op(ki["op_name"]), ki["shape"]))
-        loops.append(dict(name=name, trip=info["trip"], kernels=kernels))
+        if any("Transformer.decode" in k[3] for k in kernels):  # not another rollout loop
+            loops.append(dict(name=name, trip=info["trip"], kernels=kernels))
     return loops
+
+
+COLLECTIVES = ("all-reduce", "all-gather", "reduce-scatter", "collective-permute", "all-to-all")
+_DTYPE_BYTES = {"pred": 1, "s8": 1, "u8": 1, "bf16": 2, "f16": 2, "s16": 2, "u16": 2}
+_DTYPE_BYTES |= {"f32": 4, "s32": 4, "u32": 4, "f64": 8, "s64": 8, "u64": 8}
+
+
+def largest_array_bytes(shape: str) -> int:
+    """The bytes of the largest array in an HLO shape (a tuple's largest element)."""
+    sizes = [0]
+    for dtype, dims in re.findall(r"\b([a-z]+\d*)\[([\d,]*)\]", shape):
+        n = _DTYPE_BYTES.get(dtype, 0)
+        for d in filter(None, dims.split(",")):
+            n *= int(d)
+        sizes.append(n)
+    return max(sizes)
+
+
+def runs_per_execution(instrs: dict) -> dict:
+    """{computation: how many times one execution of the module runs it}: 1 for the entry,
+    its callers' runs for a called one, times XLA's trip count for a while's body (1 where
+    XLA knows none). A conditional's branches each count as taken (an upper bound)."""
+    callers = collections.defaultdict(list)
+    for name, info in instrs.items():
+        for callee in info["calls"]:
+            callers[callee].append(name)
+    runs = {}
+
+    def of(comp: str) -> int:
+        if comp not in runs:
+            runs[comp] = 0  # a cycle cannot occur in HLO; this only guards the recursion
+            total = 0 if callers[comp] else 1
+            for caller in callers[comp]:
+                info = instrs[caller]
+                trip = (info["trip"] or 1) if comp == info["loop_body"] else 1
+                total += of(info["comp"]) * trip
+            runs[comp] = total
+        return runs[comp]
+
+    for info in instrs.values():
+        of(info["comp"])
+    return runs
+
+
+def collectives(instrs: dict) -> dict:
+    """{kind: {"count", "bytes"}} of the cross-device collectives one execution runs (each
+    asynchronous pair once, by its start), loops counted by their trip counts; "bytes" sums
+    each collective's larger side (an all-gather's result, a reduce-scatter's operand)."""
+    runs = runs_per_execution(instrs)
+    out = {}
+    for info in instrs.values():
+        kind = info["opcode"].removesuffix("-start")
+        if kind in COLLECTIVES:
+            n = runs[info["comp"]]
+            row = out.setdefault(kind, {"count": 0, "bytes": 0})
+            row["count"] += n
+            row["bytes"] += n * largest_array_bytes(info["shape"])
+    return out
 
 
 def write_results(out_dir: str, name: str, res: dict, md: str, hlo: str | None = None):

@@ -127,7 +127,8 @@ def make_grpo_step(
     # reward term that reads it
     needs = set() if obj.kl_estimator in objective.EXACT_KL else {"token"}
     needs |= {"dist"} if any(t.reads_reference for t in device_terms) else set()
-    member_map, shard_batch, member_sum, batch_multiple = hooks or sharding.step_hooks(None)
+    hooks = hooks or sharding.step_hooks(None)
+    member_map, shard_batch, member_sum, batch_multiple, whole = hooks
     collect = groups.make_collect(
         g, policy, reference, member_map, token_classes, completion_fields, frozenset(needs),
         batch_multiple,
@@ -141,7 +142,8 @@ def make_grpo_step(
         return shard_batch(sample_prompts(key, data))
 
     def groups_of(state: TrainState, inputs: StepInputs, prompts, key) -> Batch:
-        parts, info = collect(state.params, inputs.ref_state, prompts, key)
+        # the rollout's params whole on every device, once (sharding.step_hooks)
+        parts, info = collect(whole(state.params), inputs.ref_state, prompts, key)
         parts = jax.lax.stop_gradient(parts)
         dev = tuple(rewards.device_values(device_terms, inputs.reward_state, p) for p in parts)
         return Batch(parts, dev, info)

@@ -197,6 +197,33 @@ def split_work():
     return out
 
 
+def fsdp_rollout():
+    """The sampled step with its params sharded over data=8 (mesh.shard_params) against one
+    device (3 steps), and the collectives of its compiled decode loop: the params are
+    gathered once before it (sharding.make_member_map), so its body runs none. Before, XLA
+    gathered each weight again at every decode step."""
+    sys.path.insert(0, str(ROOT / "experiments"))
+    import xla_profile
+
+    config = tiny_config("sampled")
+    out = equivalence("sampled", 3, config, meshes=((8, 1, True),))
+    task = task_lib.build_task(config, "train")
+    params0 = jax.tree.map(np.array, trainer.initial_params(config, task))
+    mesh = sharding.make_mesh(_mesh_cfg(8, 1))
+    step, inputs = task.build(params0, mesh)
+    run, state, inputs, _ = sharding.jit_step(step, mesh, task.make_state(params0), inputs, True)
+    instrs = xla_profile.parse_hlo(run.lower(state, inputs).compile().as_text())
+    loops = xla_profile.decode_loops(instrs)
+    kinds = [instrs[k[0]]["opcode"].removesuffix("-start") for lp in loops for k in lp["kernels"]]
+    out["decode_loops"] = len(loops)
+    out["loop_collectives"] = [k for k in kinds if k in xla_profile.COLLECTIVES]
+    out["step_collectives"] = xla_profile.collectives(instrs)
+    out["sharded_leaves"] = sum(
+        1 for x in jax.tree.leaves(state.params) if not x.sharding.is_fully_replicated
+    )
+    return out
+
+
 SUPERVISED = {  # the supervised steps: (config, its variant, --mode, its batch of 8 rows)
     "shakespeare_pretrain": ("shakespeare", "tiny", "pretrain", {"pretrain.batch_size": 8}),
     "arithmetic_sft": ("arithmetic", "tiny", "pretrain", {"pretrain.batch_size": 8}),
@@ -266,6 +293,7 @@ if __name__ == "__main__":
         **checks,
         "supervised": supervised,
         "few_rows": few_rows,
+        "fsdp_rollout": fsdp_rollout,
         "adaptive_sweep": adaptive_sweep,
     }[what](*args)
     print(json.dumps(result))

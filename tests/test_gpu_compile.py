@@ -32,13 +32,17 @@ def test_the_report_counts_each_decode_steps_kernels_per_layer():
         "loop_convert_fusion.2", "gemm_fusion_dot.3", "triton_softmax.7"
     ]  # fmt: skip
     res = dict(name="t", device="NVIDIA H100 80GB HBM3", when="now", jax="0", dtype="bfloat16",
-               params=1000, command="c", compile_s=2.0, triton_kernels=1,
+               params=1000, command="c", compile_s=2.0, triton_kernels=1, devices=8,
+               mesh={"data": 2, "member": 4}, xla_flags="", collectives=P.collectives(
+                   P.parse_hlo(LOOPS_HLO)),
                memory={"executable_bytes": 3 * 2**30,
                        "executable_memory": {"argument": 2**30, "temp": 2**31}},
                decode_loops=[row], layer_kernels=G.layer_kernels(loops))  # fmt: skip
     md = G.markdown(res)
     assert "| while.11 | 31 | 4 | 1-2 (2 layers) | 1 |" in md
-    assert "XLA's buffer plan: 3.00 GiB (arguments 1.00 GiB, temporaries 2.00 GiB)" in md
+    assert "XLA's buffer plan per device: 3.00 GiB (arguments 1.00 GiB, temporaries 2.00 GiB)" in md
+    assert "compiled for 8 x NVIDIA H100 80GB HBM3" in md and "mesh data 2 x member 4" in md
+    assert "collectives per step (each device): all-gather 1 (0.0 MB), all-reduce 4 (0.0 MB)" in md
     assert "| pallas_call.4 | elementwise | 1 |" in md
     assert "kernels of layer 1, and those outside the layers" in md
 
@@ -71,11 +75,11 @@ def test_without_the_cuda_plugin_it_names_the_install():
 
 
 def test_the_committed_records_render_as_committed():
-    """experiments/results/gpu_compile_h100: each markdown is its JSON's report, and the
-    large model's Triton kernels are two per layer and cache segment with ``flash``, one
-    with ``pallas``."""
+    """experiments/results/gpu_compile_h100: each markdown is its JSON's report; the large
+    model's Triton kernels are two per layer and cache segment with ``flash``, one with
+    ``pallas``."""
     records = sorted((ROOT / "experiments/results/gpu_compile_h100").glob("*.json"))
-    assert len(records) == 4
+    assert len(records) == 7
     for path in records:
         res = json.loads(path.read_text())
         assert G.markdown(res) == path.with_suffix(".md").read_text(), path.name
@@ -83,3 +87,11 @@ def test_the_committed_records_render_as_committed():
     assert by_name["large_flash"]["triton_kernels"] == 2 * 12 * 3
     assert by_name["large_pallas"]["triton_kernels"] == 12 * 3
     assert [r["layers"] for r in by_name["large_xla"]["decode_loops"]] == [12, 12, 12]
+    # FSDP on 8 GPUs: the rollout's params gathered once (sharding.step_hooks) instead of at
+    # every decode step, as the engine did before
+    fsdp, before = by_name["large_8gpu_fsdp"], by_name["large_8gpu_fsdp_before"]
+    assert fsdp["mesh"] == before["mesh"] == {"data": 8, "member": 1}
+    gathers = lambda r: r["collectives"]["all-gather"]["count"]
+    assert gathers(before) > 10 * gathers(fsdp)
+    steps = lambda r: [loop["kernels"] for loop in r["decode_loops"]]
+    assert max(steps(fsdp)) < min(steps(before)) / 2

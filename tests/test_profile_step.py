@@ -26,7 +26,10 @@ def _program(x, w, q, k):
 
     @jax.named_scope("rollout")
     def loop(q):
-        body = lambda c, _: (jnp.tanh(jnp.einsum("bqd,bkd->bqk", c, k) @ k), None)
+        @jax.named_scope("Transformer.decode")
+        def body(c, _):
+            return jnp.tanh(jnp.einsum("bqd,bkd->bqk", c, k) @ k), None
+
         return jax.lax.scan(body, q, None, length=LOOP)[0]
 
     return jnp.sum(y) + jnp.sum(loop(q)), y.T + 1.0
@@ -210,14 +213,23 @@ LOOPS_HLO = """
   ROOT %tuple.8 = (s32[], bf16[2,8]) tuple(%constant.6, %pallas_call.4)
 }
 
+%ref_body (r: (s32[], s32[4])) -> (s32[], s32[4]) {
+  %r = (s32[], s32[4]) parameter(0)
+  ROOT %fusion.14 = (s32[], s32[4]) fusion(%r), kind=kLoop, calls=%c5, metadata={op_name="jit(fused)/rollout/reference/jit(searchsorted)/add"}
+}
+
 %update_body (q: (s32[], f32[2])) -> (s32[], f32[2]) {
   %q = (s32[], f32[2]) parameter(0)
+  %all-reduce-start.16 = f32[1024]{0} all-reduce-start(%x), replica_groups={{0,1}}, to_apply=%add
+  %all-reduce-done.17 = f32[1024]{0} all-reduce-done(%all-reduce-start.16)
   ROOT %fusion.9 = (s32[], f32[2]) fusion(%q), kind=kLoop, calls=%c4
 }
 
 ENTRY %main.10 (a: bf16[2,8]) -> bf16[2,8] {
   %while.11 = (s32[], bf16[2,8]{1,0}) while(%t), condition=%cond.1, body=%decode_body, metadata={op_name="jit(fused)/rollout/while"}, backend_config={"known_trip_count":{"n":"31"}}
   %while.12 = (s32[], f32[2]{0}) while(%u), condition=%cond.2, body=%update_body, metadata={op_name="jit(fused)/update/while"}, backend_config={"known_trip_count":{"n":"4"}}
+  %while.15 = (s32[], s32[4]{0}) while(%w), condition=%cond.3, body=%ref_body, metadata={op_name="jit(fused)/rollout/while"}, backend_config={"known_trip_count":{"n":"7"}}
+  %all-gather-start.18 = (bf16[4,8]{1,0}, bf16[8,8]{1,0}) all-gather-start(%y), dimensions={0}
   ROOT %gte.13 = bf16[2,8]{1,0} get-tuple-element(%while.11), index=1
 }
 """  # noqa: E501  (an optimised XLA:GPU module's lines as XLA prints them)
@@ -225,7 +237,8 @@ ENTRY %main.10 (a: bf16[2,8]) -> bf16[2,8] {
 
 def test_a_decode_loop_lists_the_kernels_its_body_runs_each_step():
     """xla_profile.decode_loops (experiments/gpu_compile.py's inventory): only the rollout's
-    while, with XLA's trip count; its body's kernels, not its parameters, tuple elements,
+    while that runs the model's decode step (not the update's, nor another rollout loop),
+    with XLA's trip count; its body's kernels, not its parameters, tuple elements,
     bitcasts and constants; each with its layer (from ``blocks_<i>``), or None for an
     unnamed kernel (which takes the while's own name)."""
     (loop,) = P.decode_loops(P.parse_hlo(LOOPS_HLO))
@@ -236,6 +249,17 @@ def test_a_decode_loop_lists_the_kernels_its_body_runs_each_step():
     assert [k[2] for k in loop["kernels"]] == [0, 0, 1, None]
     assert loop["kernels"][1][3] == "rollout/Transformer.decode/blocks_*/qkv/dot_general"
     assert loop["kernels"][3][3] == "rollout/while"
+
+
+def test_collectives_count_once_per_run_of_their_computation():
+    """xla_profile.collectives: an asynchronous all-reduce in a 4-step loop runs 4 times
+    (counted by its start, not its done), 4 KiB each; an all-gather outside any loop once,
+    its larger side (the gathered [8, 8] bf16) 128 bytes."""
+    got = P.collectives(P.parse_hlo(LOOPS_HLO))
+    assert got == {
+        "all-reduce": {"count": 4, "bytes": 4 * 4096},
+        "all-gather": {"count": 1, "bytes": 128},
+    }
 
 
 def test_the_rollouts_scan_is_a_decode_loop_on_a_cpu_too(profiled):
