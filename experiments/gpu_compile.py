@@ -37,7 +37,7 @@ import time
 
 import jax
 from absl import app, flags
-from gpu_compile_parts import TARGETS, TRITON, layer_kernels, loop_summary, markdown
+from gpu_compile_parts import GPUS, TARGETS, TRITON, layer_kernels, loop_summary, markdown
 from gpu_suite_plan import LARGE
 from measure import abstract_step, executable_memory
 from ml_collections import config_flags
@@ -126,8 +126,9 @@ def main(argv):
         os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {flag}".strip()
     devices = gpu_devices(FLAGS.gpu, FLAGS.devices)
     if FLAGS.large:  # under the command line's own --config.* overrides
+        overridden = config_flags.get_override_values(FLAGS["config"])
         for key, value in LARGE.items():
-            if not any(a.startswith(f"--config.{key}=") for a in sys.argv[1:]):
+            if key not in overridden:
                 *path, last = key.split(".")
                 functools.reduce(lambda node, k: node[k], path, config)[last] = value
     for_the_gpu()
@@ -138,7 +139,7 @@ def main(argv):
     res = {
         "name": FLAGS.name,
         "when": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-        "device": TARGETS[FLAGS.gpu].split('device_description_str: "')[1].split('"')[0],
+        "device": GPUS[FLAGS.gpu][0],
         "devices": FLAGS.devices,
         "mesh": dict(mesh.shape),
         "xla_flags": os.environ.get("XLA_FLAGS", ""),

@@ -20,11 +20,13 @@ dnn_version_info {{ major: 9 minor: 8 }}
 runtime_version {{ major: 13 minor: 0 }}
 device_description_str: "{name}"
 """
+GPUS = {  # --gpu: (device name, memory bytes, bandwidth bytes/s)
+    "h100": ("NVIDIA H100 80GB HBM3", 84929347584, 3352320000000),
+    "h200": ("NVIDIA H200", 149250000000, 4800000000000),
+}
 TARGETS = {
-    "h100": _HOPPER.format(
-        name="NVIDIA H100 80GB HBM3", memory=84929347584, bandwidth=3352320000000
-    ),
-    "h200": _HOPPER.format(name="NVIDIA H200", memory=149250000000, bandwidth=4800000000000),
+    gpu: _HOPPER.format(name=name, memory=memory, bandwidth=bandwidth)
+    for gpu, (name, memory, bandwidth) in GPUS.items()
 }
 TRITON = "__gpu$xla.gpu.triton"
 

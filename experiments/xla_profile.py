@@ -122,19 +122,22 @@ NO_KERNEL = {"parameter", "get-tuple-element", "tuple", "bitcast", "constant"}
 def decode_loops(instrs: dict) -> list:
     """The rollout's decode loops (one per cache segment), in the module's order: for each
     while of the rollout whose body runs the model's decode step (its other loops, such as a
-    reference's, are left out), its trip count and the instructions
-    its body runs at every decode step (NO_KERNEL's left out), each as (name, kind, layer or
-    None, source op, shape); the layer from the op's ``blocks_<i>`` scope, None outside the
-    layers (the sampler, the logits, the cache bookkeeping)."""
+    reference's, are left out), its trip count and the instructions its body runs at every
+    decode step (NO_KERNEL's left out), each as (name, kind, layer or None, source op,
+    shape); the layer from the op's ``blocks_<i>`` scope, None outside the layers (the
+    sampler, the logits, the cache bookkeeping)."""
+    in_comp = collections.defaultdict(list)
+    for k, ki in instrs.items():
+        if ki["opcode"] not in NO_KERNEL:
+            in_comp[ki["comp"]].append(k)
     loops = []
     for name, info in instrs.items():
         # by its body, not its own name: inside a shard_map the while is named by the map
         if info["opcode"] != "while" or "rollout" not in info["op_name"]:
             continue
         kernels = []
-        for k, ki in instrs.items():
-            if ki["comp"] != info["loop_body"] or ki["opcode"] in NO_KERNEL:
-                continue
+        for k in in_comp[info["loop_body"]]:
+            ki = instrs[k]
             layer = re.search(r"blocks_(\d+)", ki["op_name"])
             layer = int(layer.group(1)) if layer else None
             kernels.append((k, kind_of(k, ki), layer, source_op(ki["op_name"]), ki["shape"]))

@@ -256,6 +256,11 @@ def make_member_sum(mesh: Mesh):
     return member_sum
 
 
+def unsharded(tree: Any) -> Any:
+    """``shard_batch`` and ``whole`` without a mesh."""
+    return tree
+
+
 class StepHooks(NamedTuple):
     """What task.build threads into a step for a mesh (without one: None, unsharded, None)."""
 
@@ -266,12 +271,12 @@ class StepHooks(NamedTuple):
     # GSPMD's own padding of an uneven split leaked NaN into the gradients
     batch_multiple: int = 1
     # tree -> tree made whole on every device: the rollout's params, gathered once a step
-    whole: Any = None
+    whole: Any = unsharded
 
 
-def unsharded(tree: Any) -> Any:
-    """``shard_batch`` without a mesh."""
-    return tree
+def _constrainer(target: NamedSharding):
+    """tree -> tree with every leaf constrained to ``target`` (inside jit)."""
+    return lambda tree: jax.tree.map(lambda x: jax.lax.with_sharding_constraint(x, target), tree)
 
 
 def step_hooks(mesh: Mesh | None) -> StepHooks:
@@ -283,15 +288,8 @@ def step_hooks(mesh: Mesh | None) -> StepHooks:
     once at the rollout's start, they cost one whole copy of the params on each device
     while it runs."""
     if mesh is None:
-        return StepHooks(None, unsharded, None, whole=unsharded)
-    bs, rep = batch_sharding(mesh), replicated(mesh)
-
-    def shard_batch(tree):
-        return jax.tree.map(lambda x: jax.lax.with_sharding_constraint(x, bs), tree)
-
-    def whole(tree):
-        return jax.tree.map(lambda x: jax.lax.with_sharding_constraint(x, rep), tree)
-
+        return StepHooks(None, unsharded, None)
+    shard_batch, whole = _constrainer(batch_sharding(mesh)), _constrainer(replicated(mesh))
     # a size-1 member axis has nothing to split, and XLA refuses its psum outside the manual
     # region ("Cross-partition allreduce must be in (partial) manual partitioning mode")
     member_sum = make_member_sum(mesh) if mesh.shape["member"] > 1 else None
