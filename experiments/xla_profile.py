@@ -41,13 +41,15 @@ _COMP = re.compile(r"^(?:ENTRY )?%?([\w.\-]+) .*\{\s*$")
 
 def parse_hlo(text: str) -> dict:
     """{instruction name: {"shape", "opcode", "op_name", "comp", "calls", "body", "batched",
-    "target", "loop_body", "trip"}} for every instruction of every computation. "comp": the
-    computation it is in; "calls": the computations it calls; "body" lists the opcodes of the
-    computation a fusion calls (does it hold a dot, a reduce, a gather); "batched": a dot
+    "target", "loop_body", "trip", "constant", ...}} for every instruction of every
+    computation. "comp": the computation it is in; "calls": the computations it calls;
+    "body" lists the opcodes of the computation a fusion calls (does it hold a dot, a
+    reduce, a gather); "batched": a dot
     with batch dimensions, the instruction's own, one in its body, or a cuBLAS call's (its
     backend config's ``lhs_batch_dimensions``); "target": a custom-call's
     ``custom_call_target``; a while's "loop_body" (its body computation) and "trip" (XLA's
-    known trip count, or None).
+    known trip count; where XLA names none, as on a TPU, a scan's (scan_trip); else None);
+    "constant": an integer scalar constant's value.
     An instruction without an op_name (XLA drops some inside loop bodies) takes the op_name
     of the instruction that calls its computation, so a decode step's ops still name their
     stage."""
@@ -73,11 +75,19 @@ def parse_hlo(text: str) -> dict:
             caller.setdefault(callee, name)
         op_name = op_name.group(1) if op_name else ""
         loop = re.search(r"body=%?([\w.\-]+)", line)
+        cond = re.search(r"condition=%?([\w.\-]+)", line)
         trip = re.search(r'known_trip_count":\{"n":"(\d+)"', line)
+        value = re.search(r"\bconstant\((-?\d+)\)", line) if shape.startswith("s32[]") else None
         instrs[name] = dict(shape=shape, opcode=opcode, comp=comp, batched=batched,
                             op_name=op_name, calls=called, target=target,
                             loop_body=loop.group(1) if loop else None,
-                            trip=int(trip.group(1)) if trip else None)  # fmt: skip
+                            loop_cond=cond.group(1) if cond else None,
+                            trip=int(trip.group(1)) if trip else None,
+                            constant=int(value.group(1)) if value else None,
+                            less_than="direction=LT" in line)  # fmt: skip
+    for info in instrs.values():
+        if info["opcode"] == "while" and info["trip"] is None:
+            info["trip"] = scan_trip(instrs, info["loop_cond"])
     for name, info in instrs.items():
         body = [op for callee in info["calls"] for op in bodies.get(callee, [])]
         info["body"] = sorted({op for op, _ in body})
@@ -87,6 +97,18 @@ def parse_hlo(text: str) -> dict:
             up = caller[instrs[up]["comp"]]
             info["op_name"] = instrs[up]["op_name"] if up in instrs else ""
     return instrs
+
+
+def scan_trip(instrs: dict, cond: str | None) -> int | None:
+    """A ``lax.scan``'s trip count from its while's condition, for HLO whose whiles carry no
+    known_trip_count (XLA:TPU's): a scan's counter runs from 0 by 1, and its condition is
+    ``counter < N`` with N its one integer constant. None for any other condition."""
+    ops = [i for i in instrs.values() if i["comp"] == cond and i["opcode"] != "parameter"]
+    consts = [i["constant"] for i in ops if i["opcode"] == "constant"]
+    compares = [i for i in ops if i["opcode"] == "compare"]
+    if len(consts) == 1 and consts[0] is not None and len(compares) == 1:
+        return consts[0] if compares[0]["less_than"] else None
+    return None
 
 
 def kind_of(name: str, info: dict) -> str:
@@ -144,64 +166,6 @@ def decode_loops(instrs: dict) -> list:
         if any("Transformer.decode" in k[3] for k in kernels):  # not another rollout loop
             loops.append(dict(name=name, trip=info["trip"], kernels=kernels))
     return loops
-
-
-COLLECTIVES = ("all-reduce", "all-gather", "reduce-scatter", "collective-permute", "all-to-all")
-_DTYPE_BYTES = {"pred": 1, "s8": 1, "u8": 1, "bf16": 2, "f16": 2, "s16": 2, "u16": 2}
-_DTYPE_BYTES |= {"f32": 4, "s32": 4, "u32": 4, "f64": 8, "s64": 8, "u64": 8}
-
-
-def largest_array_bytes(shape: str) -> int:
-    """The bytes of the largest array in an HLO shape (a tuple's largest element)."""
-    sizes = [0]
-    for dtype, dims in re.findall(r"\b([a-z]+\d*)\[([\d,]*)\]", shape):
-        n = _DTYPE_BYTES.get(dtype, 0)
-        for d in filter(None, dims.split(",")):
-            n *= int(d)
-        sizes.append(n)
-    return max(sizes)
-
-
-def runs_per_execution(instrs: dict) -> dict:
-    """{computation: how many times one execution of the module runs it}: 1 for the entry,
-    its callers' runs for a called one, times XLA's trip count for a while's body (1 where
-    XLA knows none). A conditional's branches each count as taken (an upper bound)."""
-    callers = collections.defaultdict(list)
-    for name, info in instrs.items():
-        for callee in info["calls"]:
-            callers[callee].append(name)
-    runs = {}
-
-    def of(comp: str) -> int:
-        if comp not in runs:
-            runs[comp] = 0  # a cycle cannot occur in HLO; this only guards the recursion
-            total = 0 if callers[comp] else 1
-            for caller in callers[comp]:
-                info = instrs[caller]
-                trip = (info["trip"] or 1) if comp == info["loop_body"] else 1
-                total += of(info["comp"]) * trip
-            runs[comp] = total
-        return runs[comp]
-
-    for info in instrs.values():
-        of(info["comp"])
-    return runs
-
-
-def collectives(instrs: dict) -> dict:
-    """{kind: {"count", "bytes"}} of the cross-device collectives one execution runs (each
-    asynchronous pair once, by its start), loops counted by their trip counts; "bytes" sums
-    each collective's larger side (an all-gather's result, a reduce-scatter's operand)."""
-    runs = runs_per_execution(instrs)
-    out = {}
-    for info in instrs.values():
-        kind = info["opcode"].removesuffix("-start")
-        if kind in COLLECTIVES:
-            n = runs[info["comp"]]
-            row = out.setdefault(kind, {"count": 0, "bytes": 0})
-            row["count"] += n
-            row["bytes"] += n * largest_array_bytes(info["shape"])
-    return out
 
 
 def write_results(out_dir: str, name: str, res: dict, md: str, hlo: str | None = None):

@@ -16,7 +16,8 @@ runs unchanged on a mesh ``("data", "member")`` built from ``config.mesh``:
   hand-written reduction sums the devices' shares of the loss over ``member``; the params'
   gradient, whole along ``member``, is summed by shard_map's own transpose.
 * parameters and optimizer state are replicated (default) or, with ``mesh.shard_params``,
-  sharded FSDP-style over ``data`` (each >= 2-D leaf along its largest divisible axis).
+  sharded FSDP-style over ``data`` (each >= 2-D leaf along its largest divisible axis)
+  between steps, the params gathered whole for the step's compute (``step_hooks``).
 
 Everything else (prefill, rewards, the group statistics over K such as advantages, the
 all-action baseline, the exact KL and entropy at the decision point, the gradients and the
@@ -270,7 +271,7 @@ class StepHooks(NamedTuple):
     # a sub-batch's prompt count (adaptive's forced part) is padded to a multiple of ``data``:
     # GSPMD's own padding of an uneven split leaked NaN into the gradients
     batch_multiple: int = 1
-    # tree -> tree made whole on every device: the rollout's params, gathered once a step
+    # tree -> tree made whole on every device: the rollout's and the update's params
     whole: Any = unsharded
 
 
@@ -280,13 +281,12 @@ def _constrainer(target: NamedSharding):
 
 
 def step_hooks(mesh: Mesh | None) -> StepHooks:
-    """The hooks a step takes for ``mesh``. ``whole`` serves the rollout: its params sharded
-    over ``data`` (``mesh.shard_params``), XLA partitioned the prefill's and every decode
-    step's products by the weights' sharding, gathering weights and activations at each
-    decode step (experiments/gpu_compile.py, the 12 x 768 model on 8 GPUs: its decode loop
-    ran 11,049 collectives a step, 4.2 GB per device, 4,699 of them all-gathers). Gathered
-    once at the rollout's start, they cost one whole copy of the params on each device
-    while it runs."""
+    """The hooks a step takes for ``mesh``. ``whole`` gathers FSDP's params for the rollout
+    and the update's loss (its gradient sums onto the sharded layout): one copy of them on
+    each device while the step runs. Left sharded, XLA partitioned their products by the
+    weights' sharding (experiments/aot_compile.py, the 12 x 768 model): at every decode step
+    (8 GPUs: 11,049 collectives a step in the decode loop), and the update's activations
+    (a v5e-8: 1,062 all-gathers, 345 all-to-alls, 184 all-reduces a step)."""
     if mesh is None:
         return StepHooks(None, unsharded, None)
     shard_batch, whole = _constrainer(batch_sharding(mesh)), _constrainer(replicated(mesh))
@@ -329,7 +329,7 @@ def jit_fused(fused, state_sh, rep: NamedSharding, wrap=None):
     """A one-program step ``fused(state, inputs) -> (state, metrics)`` jitted on a mesh: the
     state in and out on ``state_sh`` and donated, the inputs and metrics on ``rep``
     (replicated). Lowered on abstract values it compiles for devices this process need not
-    have (experiments/gpu_compile.py)."""
+    have (experiments/aot_compile.py)."""
     wrap = wrap or (lambda f: f)
     return jax.jit(
         wrap(fused), in_shardings=(state_sh, rep), out_shardings=(state_sh, rep), donate_argnums=0

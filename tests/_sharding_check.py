@@ -199,10 +199,12 @@ def split_work():
 
 def fsdp_rollout():
     """The sampled step with its params sharded over data=8 (mesh.shard_params) against one
-    device (3 steps), and the collectives of its compiled decode loop: the params are
-    gathered once before it (sharding.make_member_map), so its body runs none. Before, XLA
-    gathered each weight again at every decode step."""
+    device (3 steps), the collectives of its compiled decode loop and of the whole step, and
+    the params' bytes: the params are gathered whole for the rollout and for the update
+    (sharding.step_hooks' ``whole``), so the decode loop runs no collective and the step's
+    gathers move about two copies of them."""
     sys.path.insert(0, str(ROOT / "experiments"))
+    import hlo_collectives
     import xla_profile
 
     config = tiny_config("sampled")
@@ -216,11 +218,12 @@ def fsdp_rollout():
     loops = xla_profile.decode_loops(instrs)
     kinds = [instrs[k[0]]["opcode"].removesuffix("-start") for lp in loops for k in lp["kernels"]]
     out["decode_loops"] = len(loops)
-    out["loop_collectives"] = [k for k in kinds if k in xla_profile.COLLECTIVES]
-    out["step_collectives"] = xla_profile.collectives(instrs)
+    out["loop_collectives"] = [k for k in kinds if k in hlo_collectives.COLLECTIVES]
+    out["step_collectives"] = hlo_collectives.collectives(instrs)
     out["sharded_leaves"] = sum(
         1 for x in jax.tree.leaves(state.params) if not x.sharding.is_fully_replicated
     )
+    out["param_bytes"] = sum(x.nbytes for x in jax.tree.leaves(state.params))
     return out
 
 

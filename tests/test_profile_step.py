@@ -14,6 +14,7 @@ import jax.numpy as jnp
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "experiments"))
+import hlo_collectives as C
 import xla_profile as P
 
 LOOP = 5
@@ -236,7 +237,7 @@ ENTRY %main.10 (a: bf16[2,8]) -> bf16[2,8] {
 
 
 def test_a_decode_loop_lists_the_kernels_its_body_runs_each_step():
-    """xla_profile.decode_loops (experiments/gpu_compile.py's inventory): only the rollout's
+    """xla_profile.decode_loops (experiments/aot_compile.py's inventory): only the rollout's
     while that runs the model's decode step (not the update's, nor another rollout loop),
     with XLA's trip count; its body's kernels, not its parameters, tuple elements,
     bitcasts and constants; each with its layer (from ``blocks_<i>``), or None for an
@@ -252,14 +253,87 @@ def test_a_decode_loop_lists_the_kernels_its_body_runs_each_step():
 
 
 def test_collectives_count_once_per_run_of_their_computation():
-    """xla_profile.collectives: an asynchronous all-reduce in a 4-step loop runs 4 times
+    """hlo_collectives.collectives: an asynchronous all-reduce in a 4-step loop runs 4 times
     (counted by its start, not its done), 4 KiB each; an all-gather outside any loop once,
     its larger side (the gathered [8, 8] bf16) 128 bytes."""
-    got = P.collectives(P.parse_hlo(LOOPS_HLO))
+    got = C.collectives(P.parse_hlo(LOOPS_HLO))
     assert got == {
         "all-reduce": {"count": 4, "bytes": 4 * 4096},
         "all-gather": {"count": 1, "bytes": 128},
     }
+
+
+def test_a_combined_collective_counts_every_array_it_moves():
+    """hlo_collectives.result_bytes: XLA combines collectives into one over a tuple (a TPU's
+    gradient all-reduces, for instance), whose arrays all move; an asynchronous all-gather's
+    shape pairs its operands with its results, of which only the results count; layouts'
+    commas and parentheses are not tuple separators."""
+    combined = "(f32[768]{0:T(1024)}, bf16[3072,768]{1,0:T(8,128)(2,1)S(1)})"
+    assert C.result_bytes("all-reduce", combined) == 768 * 4 + 3072 * 768 * 2
+    start = "((bf16[4,8]{1,0:T(8,128)(2,1)}, f32[2]{0}), (bf16[8,8]{1,0}, f32[4]{0}), u32[])"
+    assert C.tuple_elements(start)[1] == "(bf16[8,8]{1,0}, f32[4]{0})"
+    assert C.result_bytes("all-gather-start", start) == 8 * 8 * 2 + 4 * 4
+    assert C.result_bytes("all-gather", "bf16[8,8]{1,0}") == 128
+
+
+# XLA:TPU's whiles carry no known_trip_count: a scan's is read from its condition
+TPU_LOOPS_HLO = """
+%cond.1 (c: (s32[], bf16[2,8])) -> pred[] {
+  %c = (s32[], bf16[2,8]) parameter(0)
+  %constant.1 = s32[]{:T(128)} constant(31)
+  %gte.2 = s32[]{:T(128)} get-tuple-element(%c), index=0
+  ROOT %lt.3 = pred[]{:T(512)} compare(%gte.2, %constant.1), direction=LT
+}
+
+%cond.2 (d: (s32[], f32[2])) -> pred[] {
+  %d = (s32[], f32[2]) parameter(0)
+  %constant.4 = s32[]{:T(128)} constant(5)
+  %gte.5 = s32[]{:T(128)} get-tuple-element(%d), index=0
+  ROOT %gt.6 = pred[]{:T(512)} compare(%gte.5, %constant.4), direction=GT
+}
+
+%inner (x: bf16[2,8]) -> bf16[4,8] {
+  %x = bf16[2,8]{1,0} parameter(0)
+  ROOT %all-gather.7 = bf16[4,8]{1,0} all-gather(%x), dimensions={0}
+}
+
+%decode_body (p: (s32[], bf16[2,8])) -> (s32[], bf16[2,8]) {
+  %p = (s32[], bf16[2,8]) parameter(0)
+  %gte.8 = bf16[2,8]{1,0} get-tuple-element(%p), index=1
+  %call.9 = bf16[4,8]{1,0} call(%gte.8), to_apply=%inner, metadata={op_name="jit(fused)/rollout/while/body/Transformer.decode/blocks_0/qkv/dot_general"}
+  ROOT %tuple.10 = (s32[], bf16[2,8]) tuple(%gte.8)
+}
+
+%update_body (q: (s32[], f32[2])) -> (s32[], f32[2]) {
+  %q = (s32[], f32[2]) parameter(0)
+  %all-reduce.11 = f32[1024]{0} all-reduce(%q), replica_groups={{0,1}}, to_apply=%add
+  ROOT %tuple.12 = (s32[], f32[2]) tuple(%q)
+}
+
+ENTRY %main.13 (a: bf16[2,8]) -> bf16[2,8] {
+  %while.14 = (s32[], bf16[2,8]{1,0}) while(%t), condition=%cond.1, body=%decode_body, metadata={op_name="jit(fused)/rollout/while"}
+  %while.15 = (s32[], f32[2]{0}) while(%u), condition=%cond.2, body=%update_body, metadata={op_name="jit(fused)/update/while"}
+}
+"""  # noqa: E501
+
+
+def test_a_scans_trip_count_is_read_from_its_condition_where_xla_names_none():
+    """xla_profile.scan_trip: ``counter < 31`` with one constant is a scan of 31 steps; a
+    condition of any other form (here ``counter > 5``) gives no count, and its loop counts
+    once. The decode loop's all-gather, in a computation its body calls, then runs 31 times
+    ([4, 8] bf16 gathered: 64 bytes each); ``within`` keeps only the decode loop's."""
+    instrs = P.parse_hlo(TPU_LOOPS_HLO)
+    assert instrs["while.14"]["trip"] == 31 and instrs["while.15"]["trip"] is None
+    (loop,) = P.decode_loops(instrs)
+    assert loop["name"] == "while.14" and loop["trip"] == 31
+    assert C.collectives(instrs) == {
+        "all-gather": {"count": 31, "bytes": 31 * 64},
+        "all-reduce": {"count": 1, "bytes": 4096},
+    }
+    assert C.collectives(instrs, within=["while.14"]) == {
+        "all-gather": {"count": 31, "bytes": 31 * 64}
+    }
+    assert C.collectives(instrs, within=[]) == {}
 
 
 def test_the_rollouts_scan_is_a_decode_loop_on_a_cpu_too(profiled):

@@ -1,5 +1,5 @@
-"""The flag-free parts of experiments/gpu_compile.py (tests import them): the GPUs it
-compiles for, and its report of a compiled step (counts and markdown)."""
+"""The flag-free parts of experiments/aot_compile.py (tests import them): the GPUs and TPUs
+it compiles for, and its report of a compiled step (counts and markdown)."""
 
 import collections
 
@@ -20,7 +20,7 @@ dnn_version_info {{ major: 9 minor: 8 }}
 runtime_version {{ major: 13 minor: 0 }}
 device_description_str: "{name}"
 """
-GPUS = {  # --gpu: (device name, memory bytes, bandwidth bytes/s)
+GPUS = {  # --target: (device name, memory bytes, bandwidth bytes/s)
     "h100": ("NVIDIA H100 80GB HBM3", 84929347584, 3352320000000),
     "h200": ("NVIDIA H200", 149250000000, 4800000000000),
 }
@@ -29,6 +29,35 @@ TARGETS = {
     for gpu, (name, memory, bandwidth) in GPUS.items()
 }
 TRITON = "__gpu$xla.gpu.triton"
+
+GIB = 2**30
+# --target: (device kind as jax names it, HBM per device, {devices: libtpu's topology}).
+# HBM is Google's figure per chip; v2 and v3 chips are two devices (cores) of half each. The
+# sizes are the slices one host or a few hold (Colab's v5e-1, v6e-1 and v2-8, Kaggle's v3-8);
+# libtpu builds a single chip's topology only with chips_per_host_bounds 1x1x1 (SINGLE_CHIP).
+TPUS = {
+    "v2": ("TPU v2", 8 * GIB, {2: "1x1", 8: "2x2", 32: "4x4"}),
+    "v3": ("TPU v3", 16 * GIB, {2: "1x1", 8: "2x2", 32: "4x4"}),
+    "v5e": ("TPU v5 lite", 16 * GIB, {1: "1x1", 4: "2x2", 8: "2x4", 16: "4x4"}),
+    "v5p": ("TPU v5", 95 * GIB, {1: "1x1x1", 4: "2x2x1", 8: "2x2x2", 16: "2x2x4"}),
+    "v6e": ("TPU v6 lite", 32 * GIB, {1: "1x1", 4: "2x2", 8: "2x4", 16: "4x4"}),
+}
+SINGLE_CHIP = {"1x1", "1x1x1"}
+
+
+def device_memory(target: str) -> int:
+    """One device's memory, in bytes, for --target."""
+    return GPUS[target][1] if target in GPUS else TPUS[target][1]
+
+
+def tpu_topology(target: str, devices: int) -> str:
+    """libtpu's topology name for ``devices`` devices of a TPU --target ("v5e:2x4"); a
+    ValueError naming the sizes there are where the table has no such slice."""
+    sizes = TPUS[target][2]
+    if devices not in sizes:
+        have = ", ".join(map(str, sorted(sizes)))
+        raise ValueError(f"--devices={devices}: a {target} slice here has {have} devices")
+    return f"{target}:{sizes[devices]}"
 
 
 def loop_summary(loops: list) -> list:
@@ -66,6 +95,22 @@ def collectives_line(rows: dict) -> str:
     return ", ".join(f"{k} {r['count']:,} ({mb(r['bytes'])})" for k, r in sorted(rows.items()))
 
 
+NO_KERNELS = (
+    "A TPU runs the step as one program: its fusions are not kernel launches, so this report "
+    "counts none per decode step."
+)
+
+
+def fits_words(res: dict) -> str:
+    """`` of the device's N GiB: fits`` (or ``: does not fit``) where the record names its
+    device's memory (records before 2026-11-28's TPU targets do not)."""
+    if "device_memory_bytes" not in res:
+        return ""
+    have, need = res["device_memory_bytes"], res["memory"]["executable_bytes"]
+    verdict = "fits" if need <= have else "does not fit"
+    return f" of the device's {have / 2**30:.0f} GiB: {verdict}"
+
+
 def markdown(res: dict) -> str:
     mem = res["memory"]
     shown = next((k[2] for k in res["layer_kernels"] if k[2] is not None), "-")
@@ -77,13 +122,24 @@ def markdown(res: dict) -> str:
         f"{res['when']}; jax {res['jax']}; compute dtype {res['dtype']}; {res['params']:,} params; "
         f"mesh {mesh}; XLA_FLAGS `{res['xla_flags']}`. Command: `{res['command']}`.",
         "",
-        f"- compiled in {res['compile_s']:.1f} s; Triton kernels in the program: "
-        f"{res['triton_kernels']}",
+        f"- compiled in {res['compile_s']:.1f} s"
+        + (
+            f"; Triton kernels in the program: {res['triton_kernels']}"
+            if "triton_kernels" in res
+            else ""
+        ),  # fmt: skip
         f"- XLA's buffer plan per device: {gib(mem['executable_bytes'])} (arguments "
         f"{gib(mem['executable_memory']['argument'])}, temporaries "
-        f"{gib(mem['executable_memory']['temp'])})",
+        f"{gib(mem['executable_memory']['temp'])}){fits_words(res)}",
         f"- collectives per step (each device): {collectives_line(res['collectives'])}",
-        "",
+    ]
+    if "decode_loop_collectives" in res:
+        lines.append(f"  - of them in the decode loops: "
+                     f"{collectives_line(res['decode_loop_collectives'])}")  # fmt: skip
+    lines.append("")
+    if res.get("platform") == "tpu":
+        return "\n".join(lines + [NO_KERNELS]) + "\n"
+    lines += [
         "| decode loop | steps | kernels per step | per layer | outside the layers, unnamed |",
         "| --- | --- | --- | --- | --- |",
     ]
