@@ -31,9 +31,8 @@ measured for that step (2026-11-28, jax 0.11.2). jax's cuDNN attention
 (``model.attention=cudnn``) does not lower this way (jax looks for its rule on the CPU
 platform). A step with a Python reward (two programs around a host call) is refused with an
 error line. A TPU's program is one program, not kernel launches: the report counts no
-kernels there. The records of 2026-11-28 in experiments/results/gpu_compile_h100/ were
-written by this script under its earlier name, gpu_compile.py (whose ``--gpu`` defaulted to
-h100, as ``--target`` does).
+kernels there. Until 2026-11-28 this script was gpu_compile.py, whose ``--gpu`` (default
+h100) is now ``--target``.
 """
 
 import functools
