@@ -15,7 +15,7 @@ one XLA would run there, except, on a GPU, for its autotuner's choices (GEMM til
 split-K), which a compile without the device makes by XLA's defaults; some GEMM shapes then
 find no Triton tiling, and ``--notriton_gemm`` compiles every GEMM as a cuBLAS call instead.
 The plugin must match this interpreter's jax; on a machine with PyPI, in a venv of its own
-(about 5 GB with CUDA's, 0.3 GB with libtpu):
+(about 5 GB with CUDA's, 0.7 GB more with libtpu):
 
   python -m venv /work/aot_venv && /work/aot_venv/bin/pip install -e . \\
       "jax[cuda13]==$(python -c 'import jax; print(jax.__version__)')"    # or jax[tpu]==...

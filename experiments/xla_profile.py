@@ -44,12 +44,11 @@ def parse_hlo(text: str) -> dict:
     "target", "loop_body", "trip", "constant", ...}} for every instruction of every
     computation. "comp": the computation it is in; "calls": the computations it calls;
     "body" lists the opcodes of the computation a fusion calls (does it hold a dot, a
-    reduce, a gather); "batched": a dot
-    with batch dimensions, the instruction's own, one in its body, or a cuBLAS call's (its
-    backend config's ``lhs_batch_dimensions``); "target": a custom-call's
-    ``custom_call_target``; a while's "loop_body" (its body computation) and "trip" (XLA's
-    known trip count; where XLA names none, as on a TPU, a scan's (scan_trip); else None);
-    "constant": an integer scalar constant's value.
+    reduce, a gather); "batched": a dot with batch dimensions, the instruction's own, one in
+    its body, or a cuBLAS call's (its backend config's ``lhs_batch_dimensions``); "target":
+    a custom-call's ``custom_call_target``; a while's "loop_body" (its body computation)
+    and "trip" (XLA's known trip count; where XLA names none, as on a TPU, a scan's
+    (scan_trip); else None); "constant": an integer scalar constant's value.
     An instruction without an op_name (XLA drops some inside loop bodies) takes the op_name
     of the instruction that calls its computation, so a decode step's ops still name their
     stage."""
@@ -85,9 +84,12 @@ def parse_hlo(text: str) -> dict:
                             trip=int(trip.group(1)) if trip else None,
                             constant=int(value.group(1)) if value else None,
                             less_than="direction=LT" in line)  # fmt: skip
+    in_comp = collections.defaultdict(list)
+    for info in instrs.values():
+        in_comp[info["comp"]].append(info)
     for info in instrs.values():
         if info["opcode"] == "while" and info["trip"] is None:
-            info["trip"] = scan_trip(instrs, info["loop_cond"])
+            info["trip"] = scan_trip(in_comp[info["loop_cond"]])
     for name, info in instrs.items():
         body = [op for callee in info["calls"] for op in bodies.get(callee, [])]
         info["body"] = sorted({op for op, _ in body})
@@ -99,11 +101,12 @@ def parse_hlo(text: str) -> dict:
     return instrs
 
 
-def scan_trip(instrs: dict, cond: str | None) -> int | None:
-    """A ``lax.scan``'s trip count from its while's condition, for HLO whose whiles carry no
-    known_trip_count (XLA:TPU's): a scan's counter runs from 0 by 1, and its condition is
-    ``counter < N`` with N its one integer constant. None for any other condition."""
-    ops = [i for i in instrs.values() if i["comp"] == cond and i["opcode"] != "parameter"]
+def scan_trip(cond: list) -> int | None:
+    """A ``lax.scan``'s trip count from its while's condition (the condition computation's
+    parsed instructions), for HLO whose whiles carry no known_trip_count (XLA:TPU's): a
+    scan's counter runs from 0 by 1, and its condition is ``counter < N`` with N its one
+    integer constant. None for any other condition."""
+    ops = [i for i in cond if i["opcode"] != "parameter"]
     consts = [i["constant"] for i in ops if i["opcode"] == "constant"]
     compares = [i for i in ops if i["opcode"] == "compare"]
     if len(consts) == 1 and consts[0] is not None and len(compares) == 1:
