@@ -172,8 +172,8 @@ def rollout(
 
     first [B, K]: forced first tokens, or None to sample them from ``first_logits`` with
     ``sp`` and u[..., 0]; u [B, K, T] uniforms. ``chunk`` members at a time (lax.map, 0 = all)
-    and ``member_map(fn, first, u)`` (sharding.py: shard_map over the member axis) wrap the
-    per-member work; neither changes a trajectory. Returns (tokens [B, K, T], logp [B, K, T]
+    and ``member_map(fn, *member_args)`` (sharding.py: shard_map over the member axis) wrap
+    the per-member work; neither changes a trajectory. Returns (tokens [B, K, T], logp [B, K, T]
     under the tempered policy, entropy [B, K, T], completion mask [B, K, T])."""
     v = first_logits.shape[-1]
     logp0 = ro.tempered_logp(first_logits, sp)

@@ -16,39 +16,47 @@ import jax.numpy as jnp
 ONE_HOT_GRAD_ROWS = 256  # lookup: tables up to this many rows, off a CPU, sum as a matmul
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(2,))
-def _one_hot_grad_take(table, ids, rows: int):
-    return jnp.take(table, ids, axis=0)
+@functools.partial(jax.custom_vjp, nondiff_argnums=(2, 3))
+def _one_hot_grad_take(table, ids, rows: int, mode=None):
+    return jnp.take(table, ids, axis=0, mode=mode)
 
 
-def _one_hot_bwd(rows, ids, g):
+def _one_hot_bwd(rows, mode, ids, g):
+    ids = jnp.clip(ids, 0, rows - 1) if mode == "clip" else ids  # where the forward read
     onehot = jax.nn.one_hot(ids.reshape(-1), rows, dtype=g.dtype)
     hi = jax.lax.Precision.HIGHEST  # no TF32 rounding of the cotangents on a GPU
     return jnp.einsum("nv,nd->vd", onehot, g.reshape(-1, g.shape[-1]), precision=hi), None
 
 
 # forward: the plain take, keeping the ids for the backward
-_one_hot_grad_take.defvjp(lambda t, ids, rows: (jnp.take(t, ids, axis=0), ids), _one_hot_bwd)
+_one_hot_grad_take.defvjp(
+    lambda t, ids, rows, mode: (jnp.take(t, ids, axis=0, mode=mode), ids), _one_hot_bwd
+)
 
 
-def lookup(table, ids):
-    """``table[ids]``, as ``jnp.take``. Its gradient sums each token's cotangent into its row:
-    a scatter-add, whose writes collide when a small table meets many tokens (on one H100 the
-    12 x 768 model's in bfloat16, 32,768 tokens into 65 rows, took 19.9 ms of its step), summed
-    by a GPU's atomics in no fixed order. Off a CPU, tables of up to ONE_HOT_GRAD_ROWS rows
-    take it as one matmul, one_hot(ids)ᵀ · cotangent at HIGHEST precision: the tied logits'
-    FLOPs, in a fixed order, equal to the scatter's (test); the forward stays a gather (T5X's
-    ``Embed(one_hot=True)`` contracts with a one-hot in the forward too, for SPMD
-    partitioning). A CPU keeps the scatter (nearly free there: the matmul was no faster in 7
-    alternating runs of the TRL-comparable step), as do larger tables, whose one-hot operand
-    grows with them."""
-    if table.shape[0] > ONE_HOT_GRAD_ROWS:
-        return jnp.take(table, ids, axis=0)
+def lookup(table, ids, one_hot_rows: int = ONE_HOT_GRAD_ROWS, mode=None):
+    """``table[ids]``, as ``jnp.take(table, ids, axis=0, mode=mode)``. Its gradient sums each
+    token's cotangent into its row: a scatter-add, whose writes collide when a small table meets
+    many tokens (on one H100 the 12 x 768 model's in bfloat16, 32,768 tokens into 65 rows, took
+    19.9 ms of its step), summed by a GPU's atomics in no fixed order. Off a CPU, tables of up
+    to ONE_HOT_GRAD_ROWS rows take it as one matmul, one_hot(ids)ᵀ · cotangent at HIGHEST
+    precision: the tied logits' FLOPs, in a fixed order, equal to the scatter's (test); the
+    forward stays a gather (T5X's ``Embed(one_hot=True)`` contracts with a one-hot in the
+    forward too, for SPMD partitioning). A CPU keeps the scatter (nearly free there: the matmul
+    was no faster in 7 alternating runs of the TRL-comparable step), as do tables of over
+    ``one_hot_rows`` rows, whose one-hot operand grows with them.
+
+    The matmul also partitions where the scatter did not: on a mesh, with the ids split over
+    ``data``, each device sums its own rows and the partial tables are all-reduced, while XLA
+    gathered a scatter's ids and updates from every data device first (a v5e-16 at data=4 x
+    member=4: 7,747 all-gathers a step, the position table's in the update's member loop)."""
+    if table.shape[0] > one_hot_rows:
+        return jnp.take(table, ids, axis=0, mode=mode)
     return jax.lax.platform_dependent(
         table,
         ids,
-        cpu=lambda t, i: jnp.take(t, i, axis=0),
-        default=lambda t, i: _one_hot_grad_take(t, i, t.shape[0]),
+        cpu=lambda t, i: jnp.take(t, i, axis=0, mode=mode),
+        default=lambda t, i: _one_hot_grad_take(t, i, t.shape[0], mode),
     )
 
 

@@ -8,7 +8,8 @@ runs unchanged on a mesh ``("data", "member")`` built from ``config.mesh``:
   ``P("data")``, so each device (and each host) only gathers and rolls out its own prompts.
 * ``member``: the members of every group (the K axis of ``first_tokens [B, K]`` and of the
   uniforms ``u [B, K, H]``: all V forced first actions, a guide's candidates, or G sampled
-  members) are split over it by ``jax.shard_map`` around the rollout, the expensive part.
+  members) are split over it by ``jax.shard_map`` around the rollout, the expensive part,
+  and around the reference's per-token log-probs.
   K is padded to a multiple of the axis size with dummy members whose outputs are dropped
   before anything uses them, so any V (65 is prime to 2, 4, 8) works. The loss's member
   loop (the members' training forward and backward) runs in a second shard_map over it
@@ -186,39 +187,42 @@ def fetch_global(tree: Any) -> Any:
 
 
 def make_member_map(mesh: Mesh):
-    """``member_map(fn, first_tokens [B, K], u [B, K, H])`` for rollout.rollout_from_prefix:
-    runs ``fn`` on each device's slice of the K members with ``jax.shard_map`` over
-    ``member`` (``data`` stays automatic, so the prompts remain split as the caller has them).
+    """``member_map(fn, *member_args, shared=())``: ``fn(*shared, *member_slices)`` on each
+    device's slice of the K members (axis 1 of each member arg; ``data`` stays automatic),
+    its outputs per member, [B, K, ...]: the rollout (policy.rollout) and the reference's
+    per-token log-probs (groups.make_reference_terms). ``shared`` is whole on every member
+    device, as is what ``fn`` closes over (the rollout's params and prompt cache); indexing a
+    closed-over array inside the map fails in jax 0.10 (its sharding's mesh is not the
+    map's), so the n-gram reference's tables come in ``shared``. The padding members (token
+    0, zero uniforms) are sliced off the outputs."""
 
-    ``fn`` closes over the params and the prompt's prefix cache; inside the shard_map they
-    are whole along ``member`` (every member of a prompt needs the same prefix), which is
-    what a closed-over value is. K is padded to a multiple of the axis size with members of
-    token 0 and zero uniforms; their outputs are sliced off before returning."""
-    nv = mesh.shape["member"]
-
-    def member_map(fn, first_tokens, u):
-        k = first_tokens.shape[1]
-        first_tokens, u = _pad_members(nv, first_tokens, u)
-        out = jax.shard_map(
-            fn,
-            mesh=mesh,
-            in_specs=(P(None, "member"), P(None, "member", None)),
-            out_specs=P(None, "member"),
-            axis_names=frozenset({"member"}),
-            # the rollout's scan starts from a zeroed (device-invariant) cache and ends with
-            # a per-device one; vma typing would demand pcasts inside rollout.py. The outputs
-            # are per-member, exactly what out_specs says, so the check adds nothing here.
-            check_vma=False,
-        )(first_tokens, u)
-        return jax.tree.map(lambda x: x[:, :k], out)
+    def member_map(fn, *member_args, shared=()):
+        out = _shard_members(
+            mesh, lambda sh, *a: fn(*sh, *a), tuple(shared), member_args, P(None, "member")
+        )
+        return jax.tree.map(lambda x: x[:, : member_args[0].shape[1]], out)
 
     return member_map
 
 
-def _pad_members(nv: int, *member_args):
-    """The arrays' member axis (1) zero-padded to a multiple of ``nv``."""
-    pad = -member_args[0].shape[1] % nv
-    return tuple(jnp.pad(a, [(0, 0), (0, pad)] + [(0, 0)] * (a.ndim - 2)) for a in member_args)
+def _shard_members(mesh: Mesh, fn, shared, member_args: tuple, out_specs):
+    """``fn(shared, *member_slices)`` under ``jax.shard_map`` over ``member``: ``shared``
+    whole on every device, the member args' axis 1 zero-padded to a multiple of the axis
+    size and split. The scans inside (the rollout's, the loss's chunk loop) start their carry
+    device-invariant (a zeroed cache) and end it per device; vma typing would demand pcasts
+    inside them, and the outputs are what ``out_specs`` says, so ``check_vma`` is off."""
+    nv = mesh.shape["member"]
+    padded = (
+        jnp.pad(a, [(0, 0), (0, -a.shape[1] % nv)] + [(0, 0)] * (a.ndim - 2)) for a in member_args
+    )
+    return jax.shard_map(
+        fn,
+        mesh=mesh,
+        in_specs=(P(), *(P(None, "member") for _ in member_args)),
+        out_specs=out_specs,
+        axis_names=frozenset({"member"}),
+        check_vma=False,
+    )(shared, *padded)
 
 
 def make_member_sum(mesh: Mesh):
@@ -232,27 +236,14 @@ def make_member_sum(mesh: Mesh):
     ``diff`` (the params and the prompt state, what the loss differentiates) is whole along
     ``member``; its gradient is the sum of the devices'. K is padded with zero members, whose
     zero aggregation weights add nothing to j or its gradient; their aux is sliced off."""
-    nv = mesh.shape["member"]
 
-    def local(fn):
+    def member_sum(fn, diff, *member_args):
         def run(diff, *slices):
             j, aux = fn(diff, *slices)
             return jax.lax.psum(j, "member"), aux
 
-        return run
-
-    def member_sum(fn, diff, *member_args):
-        k = member_args[0].shape[1]
-        member_args = _pad_members(nv, *member_args)
-        j, aux = jax.shard_map(
-            local(fn),
-            mesh=mesh,
-            in_specs=(P(), *(P(None, "member") for _ in member_args)),
-            out_specs=(P(), P(None, "member")),
-            axis_names=frozenset({"member"}),
-            check_vma=False,  # the chunk loop's scan carries start device-invariant (as above)
-        )(diff, *member_args)
-        return j, jax.tree.map(lambda x: x[:, :k], aux)
+        j, aux = _shard_members(mesh, run, diff, member_args, (P(), P(None, "member")))
+        return j, jax.tree.map(lambda x: x[:, : member_args[0].shape[1]], aux)
 
     return member_sum
 
@@ -265,7 +256,7 @@ def unsharded(tree: Any) -> Any:
 class StepHooks(NamedTuple):
     """What task.build threads into a step for a mesh (without one: None, unsharded, None)."""
 
-    member_map: Any  # the rollout's members over ``member`` (groups.make_collect)
+    member_map: Any  # per-member work over ``member``: the rollout and π_ref's log-probs
     shard_batch: Any  # tree -> tree with the prompt (row) axis constrained to P("data")
     member_sum: Any  # the loss's member loop over ``member`` (loss.make_loss)
     # a sub-batch's prompt count (adaptive's forced part) is padded to a multiple of ``data``:
@@ -309,14 +300,12 @@ def jit_step(step, mesh: Mesh, state, inputs, shard_params: bool = False, wrap=N
     state_sh = state_shardings(mesh, state, shard_params)
     rep = replicated(mesh)
     inputs_sh = jax.tree.map(lambda _: rep, inputs)
-    state = put(state, state_sh)
-    inputs = put(inputs, inputs_sh)
-    out_sh = (state_sh, rep)
+    state, inputs = put(state, state_sh), put(inputs, inputs_sh)
     host = getattr(step, "host", None)
     if host is None:
         return jit_fused(getattr(step, "fused", step), state_sh, rep, wrap), state, inputs, state_sh
     rollout = jax.jit(wrap(step.rollout), in_shardings=(state_sh, inputs_sh))
-    update = jax.jit(wrap(step.update), out_shardings=out_sh, donate_argnums=0)
+    update = jax.jit(wrap(step.update), out_shardings=(state_sh, rep), donate_argnums=0)
 
     def run(state, inputs):
         batch = rollout(state, inputs)

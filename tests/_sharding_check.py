@@ -227,6 +227,44 @@ def fsdp_rollout():
     return out
 
 
+def reference_split():
+    """π_ref's per-token log-probs (groups.make_reference_terms, a frozen policy) of K = 8
+    members of 2 prompts on (member=8) and on one device: the largest difference, and each
+    device's compiled FLOPs of the prompt's prefill plus the members' log-probs. Before the
+    reference ran in the member shard_map, GSPMD kept it whole on every member device."""
+    from grpo_jax import groups, model, policy
+    from grpo_jax.rollout import SamplingParams
+
+    m = model.Transformer(vocab_size=65, num_layers=2, num_heads=2, d_model=64, max_len=48)
+    params = model.init_params(m, jax.random.key(0))
+    ref = policy.policy_reference(policy.transformer_policy(m, SamplingParams(), 32))
+    rng = np.random.default_rng(0)
+    prompts = policy.TokenPrompts(rng.integers(0, 65, (2, 16), dtype=np.int32), None, {})
+    tokens = rng.integers(0, 65, (2, 8, 32), dtype=np.int32)
+
+    def per_token(member_map):
+        terms = groups.make_reference_terms(ref, frozenset({"token"}), 0, member_map)
+
+        def run(params, prompts, tokens):
+            _, context = ref.prefill(params, prompts)
+            return terms(params, context, prompts, tokens)["token"]
+
+        fn = jax.jit(run)
+        cost = fn.lower(params, prompts, tokens).compile().cost_analysis()
+        return np.asarray(fn(params, prompts, tokens)), (
+            cost[0] if isinstance(cost, list) else cost
+        )
+
+    one, one_cost = per_token(None)
+    mesh = sharding.make_mesh(_mesh_cfg(1, 8))
+    split, split_cost = per_token(sharding.make_member_map(mesh))
+    return {
+        "max_diff": float(np.max(np.abs(one - split))),
+        "shape": list(split.shape),
+        "flops": {"1x1": one_cost["flops"], "1x8": split_cost["flops"]},
+    }
+
+
 SUPERVISED = {  # the supervised steps: (config, its variant, --mode, its batch of 8 rows)
     "shakespeare_pretrain": ("shakespeare", "tiny", "pretrain", {"pretrain.batch_size": 8}),
     "arithmetic_sft": ("arithmetic", "tiny", "pretrain", {"pretrain.batch_size": 8}),
@@ -297,6 +335,7 @@ if __name__ == "__main__":
         "supervised": supervised,
         "few_rows": few_rows,
         "fsdp_rollout": fsdp_rollout,
+        "reference_split": reference_split,
         "adaptive_sweep": adaptive_sweep,
     }[what](*args)
     print(json.dumps(result))

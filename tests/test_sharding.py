@@ -181,6 +181,18 @@ def test_fsdp_params_are_gathered_once_not_at_every_decode_step(fsdp_rollout):
     assert "all-to-all" not in coll, coll
 
 
+def test_the_reference_splits_its_members_over_the_member_axis(env8):
+    """π_ref's per-token log-probs of 8 members on (member=8) equal one device's, and each
+    device computes under a quarter of them (0.17 of one device's FLOPs; the prompt's
+    prefill, which every member needs, is not split). Before, the reference ran outside the
+    member shard_map and GSPMD kept it whole: 0.97 of one device's FLOPs on each, and on a
+    v5e-16 (data=4 x member=4) an all-gather of every member's activations."""
+    res = json.loads(run_python([CHECK, "reference_split"], env8).stdout.strip().splitlines()[-1])
+    assert res["shape"] == [2, 8, 32]
+    assert res["max_diff"] < TOL, res
+    assert res["flops"]["1x8"] < res["flops"]["1x1"] / 4, res["flops"]
+
+
 @pytest.fixture(scope="module")
 def split_work(env8):
     return json.loads(run_python([CHECK, "split_work"], env8).stdout.strip().splitlines()[-1])
