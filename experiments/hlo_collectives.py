@@ -41,7 +41,12 @@ def tuple_elements(shape: str) -> list:
 
 
 # asynchronous starts whose shape is (operands, results, context...)
-_IN_OUT_STARTS = {"all-gather-start", "collective-permute-start"}
+_IN_OUT_STARTS = {
+    "all-gather-start",
+    "all-to-all-start",
+    "collective-permute-start",
+    "reduce-scatter-start",
+}
 
 
 def result_bytes(opcode: str, shape: str) -> int:

