@@ -49,7 +49,7 @@ def lookup(table, ids, one_hot_rows: int = ONE_HOT_GRAD_ROWS, mode=None):
     The matmul also partitions where the scatter did not: on a mesh, with the ids split over
     ``data``, each device sums its own rows and the partial tables are all-reduced, while XLA
     gathered a scatter's ids and updates from every data device first (a v5e-16 at data=4 x
-    member=4: 7,747 all-gathers a step, the position table's in the update's member loop)."""
+    member=4: 7,747 all-gathers a step of the position table's ids and cotangents)."""
     if table.shape[0] > one_hot_rows:
         return jnp.take(table, ids, axis=0, mode=mode)
     return jax.lax.platform_dependent(
