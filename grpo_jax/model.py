@@ -265,7 +265,7 @@ class Transformer(nn.Module):
         tok = lookup(self.embed.embedding, tokens).astype(self.dtype)
         # "clip": XLA's own gather semantics, no out-of-range mask (positions stay in range:
         # max_len covers the prompt and the horizon)
-        pos = lookup(self.pos, positions, self.max_len, mode="clip").astype(self.dtype)
+        pos = lookup(self.pos, positions, one_hot_rows=self.max_len, mode="clip").astype(self.dtype)
         return self.drop(tok + pos, deterministic=deterministic)
 
     def _logits(self, x):
