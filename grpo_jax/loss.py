@@ -37,6 +37,8 @@ recomputed (see sampled_loss, continuation_terms).
 there and carried to iterations 1..μ-1; the ratio is exactly 1 at iteration 0.
 """
 
+import functools
+
 import jax
 import jax.numpy as jnp
 
@@ -138,9 +140,10 @@ def make_loss(
 ):
     """Returns loss_fn(params, parts, old_logps, first_iter, forced_flags, ref_state=None) ->
     (loss, (metrics, logps)); ``ref_state`` is the reference's (read by the exact KL
-    estimators, which run the reference inside the loss). ``member_sum(fn, diff, *args)``
-    (sharding.make_member_sum) splits the members' training forward over the mesh."""
-    member_sum = member_sum or (lambda fn, diff, *args: fn(diff, *args))
+    estimators, which run the reference inside the loss). ``member_sum(fn, shared,
+    per_prompt, *member_args, whole_loss=False)`` (sharding.make_member_sum) splits the
+    members' training forward over the mesh."""
+    member_sum = member_sum or (lambda fn, *args, whole_loss=False: fn(*args))
     gr, sp = spec, group.sampling
     has_reference = reference is not None
     # the decision point's KL is exact over V whatever the estimator; its direction follows it
@@ -154,8 +157,21 @@ def make_loss(
     # [B*c, V] per decode step by a factor T, so a large V wants a smaller chunk here
     loss_chunk = group.loss_chunk or group.vocab_chunk
 
-    def in_chunks(fn):
-        return lambda diff, *args: accumulated(fn, loss_chunk, diff, *args)
+    def over_members(chunk, diff_of, shared, per_prompt, member_args, whole_loss=False):
+        """(Σ j, aux) of ``chunk(held, diff, *member_slices)`` over every member,
+        ``loss_chunk`` at a time (accumulated), through ``member_sum``: ``shared`` = (params,
+        ref_state, first_iter) whole on every device, ``per_prompt`` split as the prompts
+        are. ``diff_of(shared, per_prompt) -> (diff, held)`` builds, on each device, what
+        the chunks differentiate and what they only read. Everything a chunk reads comes in
+        through these arguments, none by closure over the step's arrays: on a mesh each
+        device sees its own members' (and with ``whole_loss``, its own prompts') slices
+        (sharding.make_member_sum)."""
+
+        def body(shared, per_prompt, *slices):
+            diff, held = diff_of(shared, per_prompt)
+            return accumulated(functools.partial(chunk, held), loss_chunk, diff, *slices)
+
+        return member_sum(body, shared, per_prompt, *member_args, whole_loss=whole_loss)
 
     def agg(x, mask):
         """objective.aggregate over the rows (members) and tokens that exist."""
@@ -184,7 +200,7 @@ def make_loss(
             return None
         return jax.named_scope("reference")(reference.prefill)(ref_state, part.prompts)[1]
 
-    def reference_dist(ref_state, context, part: Part, tokens, carried, start):
+    def reference_dist(ref_state, context, prompts, tokens, carried, start):
         """A thunk for the reference's log-probs at completion positions start.. of ``tokens``:
         ``carried`` (the part's own [.., V] slice, when a reward term asked the rollout for
         the distribution) or the reference's forward on these very tokens from ``context``,
@@ -192,7 +208,7 @@ def make_loss(
         if carried.shape[-1]:
             return lambda: carried
         return jax.named_scope("reference")(
-            lambda: reference.logprobs(ref_state, context, part.prompts, tokens)[:, :, start:]
+            lambda: reference.logprobs(ref_state, context, prompts, tokens)[:, :, start:]
         )
 
     def agg_weights(mask, mode=None):
@@ -224,28 +240,36 @@ def make_loss(
         after its forward (accumulated): the [B, K, T, V] logits never exist at once, nothing
         is recomputed, and the chunks' weighted sums add up to the unchunked aggregates and
         TRL's clip metrics exactly."""
-        first, state = policy.prefill(params, part.prompts)
         w, wm = agg_weights(part.token_mask), agg_weights(part.token_mask, "token-mean")
         ref_tok = part.ref_token_logp
         ref_tok = jnp.zeros(w.shape) if ref_tok is None else ref_tok
         context = reference_context(ref_state, part)
 
-        def chunk(diff, tokens, old_c, adv_c, w_c, wm_c, ref_tok_c, ref_lp_c):
-            logits = continue_logits(policy, *diff, part.prompts, tokens)
+        def chunk(held, diff, tokens, old_c, adv_c, w_c, wm_c, ref_tok_c, ref_lp_c):
+            ref_state, first_iter, prompts, context = held
+            logits = continue_logits(policy, *diff, prompts, tokens)
             lp = tempered_logp(logits, sp)  # [B, c, T, V]
             logp = token_logp(lp, tokens)
             old = jnp.where(first_iter, jax.lax.stop_gradient(logp), old_c)
             pg = wsum(objective.clipped_surrogate(logp, old, adv_c, eps, eps_high), w_c)
             clip = tuple(wsum(x, wm_c) for x in clip_terms(logp, old, adv_c, eps, eps_high))
-            ref_dist = reference_dist(ref_state, context, part, tokens, ref_lp_c, 0)
+            ref_dist = reference_dist(ref_state, context, prompts, tokens, ref_lp_c, 0)
             kl_tok, ent_tok = kl_terms(lp, logp, ref_tok_c, ref_dist), entropy(lp)
             kl, ent = wsum(kl_tok, w_c), wsum(ent_tok, w_c)
             # the kl / entropy metrics are TRL's token means, whatever grpo.loss_agg is
             shown = (wsum(kl_tok, wm_c), wsum(ent_tok, wm_c))
             return objective_terms(pg, kl, ent), ((pg, clip + shown), logp)
 
+        def diff_of(shared, per_prompt):
+            # the prompt's prefill runs where its members do: its gradient then joins theirs
+            # in the one sum over the devices, not a second one over ``data``
+            (params, ref_state, first_iter), (prompts, context) = shared, per_prompt
+            first, state = policy.prefill(params, prompts)
+            return (params, first, state), (ref_state, first_iter, prompts, context)
+
         args = (part.tokens, old_logp, part.advantages, w, wm, ref_tok, part.ref_logp)
-        j, (sums, logp) = member_sum(in_chunks(chunk), (params, first, state), *args)
+        shared, per_prompt = (params, ref_state, first_iter), (part.prompts, context)
+        j, (sums, logp) = over_members(chunk, diff_of, shared, per_prompt, args, True)
         pg, shown = jax.tree.map(jnp.sum, sums)
         m = dict(zip((*CLIP_METRICS, "kl", "entropy"), shown, strict=True))
         return j, pg, jnp.sum(part.member_mask.max(1)), m, logp
@@ -271,20 +295,24 @@ def make_loss(
         ref_lp = part.ref_logp[..., 1:t, :]  # [B, K, t-1, V] when carried, else [..., 0]
         context = reference_context(ref_state, part)
 
-        def chunk(diff, tokens, old_c, adv_c, w_c, ref_tok_c, ref_lp_c):
-            lp = tempered_logp(policy.extend(*diff, part.prompts, tokens), sp)
+        def chunk(held, diff, tokens, old_c, adv_c, w_c, ref_tok_c, ref_lp_c):
+            ref_state, first_iter, prompts, context = held
+            lp = tempered_logp(policy.extend(*diff, prompts, tokens), sp)
             tok = tokens[..., 1:]
             logp = token_logp(lp, tok)
             old = jnp.where(first_iter, jax.lax.stop_gradient(logp), old_c)
             pg = wsum(objective.clipped_surrogate(logp, old, adv_c, eps, eps_high), w_c)
-            ref_dist = reference_dist(ref_state, context, part, tokens, ref_lp_c, 1)
+            ref_dist = reference_dist(ref_state, context, prompts, tokens, ref_lp_c, 1)
             kl = wsum(kl_terms(lp, logp, ref_tok_c, ref_dist), w_c)
             ent = wsum(entropy(lp), w_c)
             return objective_terms(pg, kl, ent, (t - 1) / t), ((pg, kl, ent), logp)
 
-        j, (sums, logp) = member_sum(
-            in_chunks(chunk),
-            (params, state),
+        def diff_of(shared, per_prompt):
+            (params, ref_state, first_iter), (state, prompts, context) = shared, per_prompt
+            return (params, state), (ref_state, first_iter, prompts, context)
+
+        shared, per_prompt = (params, ref_state, first_iter), (state, part.prompts, context)
+        args = (
             part.tokens[..., :t],
             old_logp[..., 1:t],
             part.advantages[..., 1:t],
@@ -292,6 +320,7 @@ def make_loss(
             ref_tok,
             ref_lp,
         )
+        j, (sums, logp) = over_members(chunk, diff_of, shared, per_prompt, args)
         return j, jax.tree.map(jnp.sum, sums), logp
 
     def decision_point(lp_first, logp0, part: Part, old_logp, first_iter):

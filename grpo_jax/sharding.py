@@ -12,19 +12,20 @@ runs unchanged on a mesh ``("data", "member")`` built from ``config.mesh``:
   and around the reference's per-token log-probs.
   K is padded to a multiple of the axis size with dummy members whose outputs are dropped
   before anything uses them, so any V (65 is prime to 2, 4, 8) works. The loss's member
-  loop (the members' training forward and backward) runs in a second shard_map over it
+  loop (the members' training forward and backward) runs in a second shard_map
   (``make_member_sum``): GSPMD alone kept that loop whole on every member device. Its one
-  hand-written reduction sums the devices' shares of the loss over ``member``; the params'
-  gradient, whole along ``member``, is summed by shard_map's own transpose.
+  hand-written reduction sums the devices' shares of the loss; the params' gradient, whole
+  on every device, is summed by shard_map's own transpose. A sampled part's loop, with its
+  prompt prefill, takes ``data`` too, and its gradient is summed once over the mesh.
 * parameters and optimizer state are replicated (default) or, with ``mesh.shard_params``,
   sharded FSDP-style over ``data`` (each >= 2-D leaf along its largest divisible axis)
   between steps, the params gathered whole for the step's compute (``step_hooks``).
 
 Everything else (prefill, rewards, the group statistics over K such as advantages, the
-all-action baseline, the exact KL and entropy at the decision point, the gradients and the
-optimizer update) stays one ``jit`` program with sharding annotations, partitioned by XLA
-(GSPMD/Shardy). It inserts the other cross-device reductions (the all-reduce of the
-gradients over ``data``, the reductions over K across ``member``) itself, so the same
+all-action baseline, the exact KL and entropy at the decision point, the optimizer update)
+stays one ``jit`` program with sharding annotations, partitioned by XLA (GSPMD/Shardy). It
+inserts the other cross-device reductions (a forced part's gradient over ``data``, the
+reductions over K across ``member``) itself, so the same
 program computes the same numbers on every mesh, up to float summation order (the tests
 check 1e-5).
 
@@ -198,54 +199,74 @@ def make_member_map(mesh: Mesh):
 
     def member_map(fn, *member_args, shared=()):
         out = _shard_members(
-            mesh, lambda sh, *a: fn(*sh, *a), tuple(shared), member_args, P(None, "member")
+            mesh, lambda sh, _, *a: fn(*sh, *a), (tuple(shared), ()), member_args, None
         )
         return jax.tree.map(lambda x: x[:, : member_args[0].shape[1]], out)
 
     return member_map
 
 
-def _shard_members(mesh: Mesh, fn, shared, member_args: tuple, out_specs):
-    """``fn(shared, *member_slices)`` under ``jax.shard_map`` over ``member``: ``shared``
-    whole on every device, the member args' axis 1 zero-padded to a multiple of the axis
-    size and split. The scans inside (the rollout's, the loss's chunk loop) start their carry
+def _shard_members(mesh: Mesh, fn, inputs, member_args: tuple, rows, summed=False):
+    """``fn(shared, per_prompt, *member_slices)`` under ``jax.shard_map`` over ``member``,
+    and over ``data`` too when ``rows`` is "data" (else it stays automatic); its outputs per
+    member, [B, K, ...] (``summed``: a sum, then those). ``inputs`` = (shared: whole on every
+    device, per_prompt: axis 0 split over ``rows``); the member args' axis 1 is zero-padded
+    to a multiple of the member axis and split. The scans inside start their carry
     device-invariant (a zeroed cache) and end it per device; vma typing would demand pcasts
-    inside them, and the outputs are what ``out_specs`` says, so ``check_vma`` is off."""
+    inside them, and the outputs are what the specs say, so ``check_vma`` is off."""
     nv = mesh.shape["member"]
     padded = (
         jnp.pad(a, [(0, 0), (0, -a.shape[1] % nv)] + [(0, 0)] * (a.ndim - 2)) for a in member_args
     )
+    per_member = P(rows, "member")
     return jax.shard_map(
         fn,
         mesh=mesh,
-        in_specs=(P(), *(P(None, "member") for _ in member_args)),
-        out_specs=out_specs,
-        axis_names=frozenset({"member"}),
+        in_specs=(P(), P(rows), *(per_member for _ in member_args)),
+        out_specs=(P(), per_member) if summed else per_member,
+        axis_names=frozenset({"member"} if rows is None else AXES),
         check_vma=False,
-    )(shared, *padded)
+    )(*inputs, *padded)
 
 
-def make_member_sum(mesh: Mesh):
-    """``member_sum(fn, diff, *member_args)`` for the loss's member loop (loss.accumulated):
-    runs ``fn(diff, *member_slices) -> (j, aux)`` on each device's slice of the members
-    (axis 1 of every member arg) with ``jax.shard_map`` over ``member``, and returns (Σ j over
-    every device, aux [B, K, ...] whole). Without it GSPMD kept the loss's member loop whole
-    on every member device: the update's training forward and backward ran once per device
-    instead of being split.
+def make_member_sum(mesh: Mesh, shard_params: bool = False):
+    """``member_sum(fn, shared, per_prompt, *member_args, whole_loss=False)`` for the loss's
+    member loop (loss.make_loss): ``fn(shared, per_prompt, *member_slices) -> (j, aux)`` on
+    each device's members under ``jax.shard_map`` (``shared``, the params and the
+    reference's state, whole; ``per_prompt`` and the member args' axis 0 are the prompts),
+    returning (Σ j over the devices, aux [B, K, ...] whole). GSPMD alone kept this loop whole
+    on every member device. The params' gradient is the devices' summed by shard_map's
+    transpose.
 
-    ``diff`` (the params and the prompt state, what the loss differentiates) is whole along
-    ``member``; its gradient is the sum of the devices'. K is padded with zero members, whose
-    zero aggregation weights add nothing to j or its gradient; their aux is sliced off."""
+    ``whole_loss``: ``fn`` holds all of the part's loss (a sampled part's, prefill
+    included), so the map takes ``data`` too and the gradient is summed once, in one
+    all-reduce over the mesh; with ``data`` automatic it took two of the params' size (over
+    ``member``, then GSPMD's over ``data``). A forced part's decision point reads the
+    prefill outside ``fn``: there ``data`` stays automatic, and XLA folds the loop's
+    gradient into the sum over ``data`` it runs for the prefill's (a v2-8: one float32
+    all-reduce per update; with ``data`` manual, a second one, in bfloat16). FSDP
+    (``shard_params``) keeps ``data`` automatic too: manual, XLA:TPU gathered the rollout's
+    weights at every decode step. The zero padding members' aggregation weights are 0: they
+    add nothing to j or its gradient; their aux is sliced off."""
+    member_axis = mesh.shape["member"] > 1
 
-    def member_sum(fn, diff, *member_args):
-        def run(diff, *slices):
-            j, aux = fn(diff, *slices)
-            return jax.lax.psum(j, "member"), aux
+    def over(rows):
+        def member_sum(fn, shared, per_prompt, *member_args):
+            def run(shared, per_prompt, *slices):
+                j, aux = fn(shared, per_prompt, *slices)
+                return jax.lax.psum(j, AXES if rows else "member"), aux
 
-        j, aux = _shard_members(mesh, run, diff, member_args, (P(), P(None, "member")))
-        return j, jax.tree.map(lambda x: x[:, : member_args[0].shape[1]], aux)
+            inputs = (shared, per_prompt)
+            j, aux = _shard_members(mesh, run, inputs, member_args, rows, summed=True)
+            return j, jax.tree.map(lambda x: x[:, : member_args[0].shape[1]], aux)
 
-    return member_sum
+        return member_sum
+
+    # a size-1 member axis alone has nothing to split, and XLA refuses its psum outside the
+    # manual region ("Cross-partition allreduce must be in (partial) manual partitioning mode")
+    members = over(None) if member_axis else (lambda fn, *args: fn(*args))
+    whole = members if shard_params else over("data")
+    return lambda fn, *args, whole_loss=False: (whole if whole_loss else members)(fn, *args)
 
 
 def unsharded(tree: Any) -> Any:
@@ -258,7 +279,7 @@ class StepHooks(NamedTuple):
 
     member_map: Any  # per-member work over ``member``: the rollout and π_ref's log-probs
     shard_batch: Any  # tree -> tree with the prompt (row) axis constrained to P("data")
-    member_sum: Any  # the loss's member loop over ``member`` (loss.make_loss)
+    member_sum: Any  # the loss's member loop (loss.make_loss)
     # a sub-batch's prompt count (adaptive's forced part) is padded to a multiple of ``data``:
     # GSPMD's own padding of an uneven split leaked NaN into the gradients
     batch_multiple: int = 1
@@ -271,20 +292,25 @@ def _constrainer(target: NamedSharding):
     return lambda tree: jax.tree.map(lambda x: jax.lax.with_sharding_constraint(x, target), tree)
 
 
-def step_hooks(mesh: Mesh | None) -> StepHooks:
+def shards_params(config) -> bool:
+    """Whether the run shards its params FSDP-style (``mesh.shard_params``)."""
+    return bool(config.get("mesh", {}).get("shard_params", False))
+
+
+def step_hooks(mesh: Mesh | None, shard_params: bool = False) -> StepHooks:
     """The hooks a step takes for ``mesh``. ``whole`` gathers FSDP's params for the rollout
     and the update's loss (its gradient sums onto the sharded layout): one copy of them on
     each device while the step runs. Left sharded, XLA partitioned their products by the
     weights' sharding (experiments/aot_compile.py, the 12 x 768 model): at every decode step
     (8 GPUs: 11,049 collectives a step in the decode loop), and the update's activations
-    (a v5e-8: 1,062 all-gathers, 345 all-to-alls, 184 all-reduces a step)."""
+    (a v5e-8: 1,062 all-gathers, 345 all-to-alls, 184 all-reduces a step). ``shard_params``
+    (the run's ``mesh.shard_params``, shards_params) keeps the loss's ``data`` automatic
+    (make_member_sum)."""
     if mesh is None:
         return StepHooks(None, unsharded, None)
     shard_batch, whole = _constrainer(batch_sharding(mesh)), _constrainer(replicated(mesh))
-    # a size-1 member axis has nothing to split, and XLA refuses its psum outside the manual
-    # region ("Cross-partition allreduce must be in (partial) manual partitioning mode")
-    member_sum = make_member_sum(mesh) if mesh.shape["member"] > 1 else None
-    return StepHooks(make_member_map(mesh), shard_batch, member_sum, mesh.shape["data"], whole)
+    maps = make_member_map(mesh), shard_batch, make_member_sum(mesh, shard_params)
+    return StepHooks(*maps, mesh.shape["data"], whole)
 
 
 def jit_step(step, mesh: Mesh, state, inputs, shard_params: bool = False, wrap=None):

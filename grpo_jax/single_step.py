@@ -11,7 +11,7 @@ all-action gradient), the same loss, metrics and μ updates as the autoregressiv
 import jax
 import jax.numpy as jnp
 
-from grpo_jax import engine, sharding
+from grpo_jax import engine
 from grpo_jax.policy import SpanPrompts, policy_reference, single_step_policy
 from grpo_jax.specs import EngineSpec
 from grpo_jax.train_state import StepInputs
@@ -52,9 +52,9 @@ def build(
     initial_params,
     data,
     reward_state=None,
-    mesh=None,
+    hooks=None,
 ):
-    """A single-step task's (Step, StepInputs), its prompts split over ``mesh``'s data axis
+    """A single-step task's (Step, StepInputs), its prompts split over the mesh's data axis
     and its members over the member axis, as an autoregressive task's. The KL reference is a
     frozen copy of the initial params (none when grpo.beta == 0): a copy, because the
     trainer donates the state, whose params start as these very buffers."""
@@ -68,7 +68,7 @@ def build(
         reward_terms,
         tx,
         schedule,
-        hooks=sharding.step_hooks(mesh),
+        hooks=hooks,  # sharding.step_hooks: None on one device
     )
     ref_state = jax.tree.map(jnp.copy, initial_params) if use_ref else None
     return step, StepInputs(data, ref_state, reward_state)

@@ -181,7 +181,7 @@ def _train_and_evaluate(config, workdir: str, mode: str = "train"):
         mesh,
         task.make_state(params0),
         inputs,
-        bool(config.get("mesh", {}).get("shard_params", False)),
+        sharding.shards_params(config),
         wrap=trace_once,
     )
     ckpt = ckpt_lib.Checkpointer(

@@ -74,6 +74,7 @@ def run_mesh(config, task, params0, spec, steps):
         data, vocab, fsdp = spec
         mesh = sharding.make_mesh(_mesh_cfg(data, vocab))
         trainer.check_task_batch(config, task, mesh)
+        config.mesh.shard_params = fsdp  # the task's build reads it, as in a run
         step_fn, inputs = task.build(host_params, mesh)
         state = task.make_state(host_params)
         jstep, state, inputs, _ = sharding.jit_step(step_fn, mesh, state, inputs, fsdp, count)
@@ -212,6 +213,7 @@ def fsdp_rollout():
     task = task_lib.build_task(config, "train")
     params0 = jax.tree.map(np.array, trainer.initial_params(config, task))
     mesh = sharding.make_mesh(_mesh_cfg(8, 1))
+    config.mesh.shard_params = True
     step, inputs = task.build(params0, mesh)
     run, state, inputs, _ = sharding.jit_step(step, mesh, task.make_state(params0), inputs, True)
     instrs = xla_profile.parse_hlo(run.lower(state, inputs).compile().as_text())
@@ -263,6 +265,28 @@ def reference_split():
         "shape": list(split.shape),
         "flops": {"1x1": one_cost["flops"], "1x8": split_cost["flops"]},
     }
+
+
+def gradient_sums():
+    """The all-reduces of shakespeare:tiny's sampled step on (data=8) and (data=2 x
+    member=4): their bytes per device, one execution of the step, against the params' bytes
+    and the step's μ updates (each sums one gradient)."""
+    sys.path.insert(0, str(ROOT / "experiments"))
+    import hlo_collectives
+    import xla_profile
+
+    config = tiny_config("sampled")
+    task = task_lib.build_task(config, "train")
+    params0 = jax.tree.map(np.array, trainer.initial_params(config, task))
+    out = {"param_bytes": sum(x.nbytes for x in jax.tree.leaves(params0))}
+    out["updates"] = config.grpo.num_iterations
+    for data, member in ((8, 1), (2, 4)):
+        mesh = sharding.make_mesh(_mesh_cfg(data, member))
+        step, inputs = task.build(params0, mesh)
+        run, state, inputs, _ = sharding.jit_step(step, mesh, task.make_state(params0), inputs)
+        instrs = xla_profile.parse_hlo(run.lower(state, inputs).compile().as_text())
+        out[f"{data}x{member}"] = hlo_collectives.collectives(instrs)
+    return out
 
 
 SUPERVISED = {  # the supervised steps: (config, its variant, --mode, its batch of 8 rows)
@@ -336,6 +360,7 @@ if __name__ == "__main__":
         "few_rows": few_rows,
         "fsdp_rollout": fsdp_rollout,
         "reference_split": reference_split,
+        "gradient_sums": gradient_sums,
         "adaptive_sweep": adaptive_sweep,
     }[what](*args)
     print(json.dumps(result))

@@ -152,7 +152,8 @@ def test_the_committed_tpu_records_render_as_committed():
     step and the exhaustive ``full`` config's within its 16 GiB; with FSDP on a v5e-8 the
     decode loops run no collective (the params gathered for the rollout and the update, as on
     the GPUs); on four v5e hosts at (data=4, member=4) no all-gather is left (7,774 a step
-    before the position table's gradient became a matmul, 7,747 in the decode loops)."""
+    before the position table's gradient became a matmul, 7,747 in the decode loops), and
+    the gradient is summed once."""
     records = sorted((ROOT / "experiments/results/aot_compile_tpu").glob("*.json"))
     assert len(records) == 11
     by_name = {}
@@ -177,3 +178,8 @@ def test_the_committed_tpu_records_render_as_committed():
     assert hosts["mesh"] == before["mesh"] == {"data": 4, "member": 4}
     assert "all-gather" not in hosts["collectives"] and hosts["decode_loop_collectives"] == {}
     assert before["decode_loop_collectives"]["all-gather"]["count"] == 7747
+    # and the step (one update) sums its float32 gradient once over the 16 chips: its
+    # all-reduces move one copy of the params; with ``data`` left automatic in the loss's
+    # member loop they moved 2.1 (the loop's sum over ``member``, then GSPMD's over ``data``)
+    reduced = lambda r: r["collectives"]["all-reduce"]["bytes"] / (4 * r["params"])
+    assert 1.0 <= reduced(hosts) < 1.01 and reduced(before) > 2

@@ -181,6 +181,19 @@ def test_fsdp_params_are_gathered_once_not_at_every_decode_step(fsdp_rollout):
     assert "all-to-all" not in coll, coll
 
 
+def test_each_update_sums_its_gradient_over_the_devices_once(env8):
+    """On (data=8) and (data=2 x member=4) a sampled step's all-reduces move one copy of the
+    params per update (1.00x), in one all-reduce over the 8 devices: its members' loop and
+    their prompt's prefill run in one shard_map over both axes (sharding.make_member_sum).
+    Before, the loop's gradient was summed over ``member`` by that map's transpose and again
+    over ``data`` by GSPMD, the prefill's apart: 2.25x (data=8) and 3.35x (2 x 4)."""
+    res = json.loads(run_python([CHECK, "gradient_sums"], env8).stdout.strip().splitlines()[-1])
+    copies = res["param_bytes"] * res["updates"]
+    for mesh in ("8x1", "2x4"):
+        moved = res[mesh]["all-reduce"]["bytes"]
+        assert copies <= moved < 1.1 * copies, (mesh, moved / copies, res)
+
+
 def test_the_reference_splits_its_members_over_the_member_axis(env8):
     """π_ref's per-token log-probs of 8 members on (member=8) equal one device's, and each
     device computes under a quarter of them (0.17 of one device's FLOPs; the prompt's

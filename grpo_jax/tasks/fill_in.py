@@ -284,7 +284,8 @@ def grpo_task(config, espec: EngineSpec, s: Setup, judge_params, evaluate) -> Ta
     def build_step(initial_params, mesh=None):
         logging.info("fill-in: judge from %s, reference = initial generator", j.checkpoint)
         fns = (policy_logits, s.v, d.span_max, sample_prompts, terms, tx, schedule)
-        return single_step.build(espec, *fns, initial_params, s.train_tokens, judge_params, mesh)
+        hooks = sharding.step_hooks(mesh, sharding.shards_params(config))
+        return single_step.build(espec, *fns, initial_params, s.train_tokens, judge_params, hooks)
 
     return make_task(
         config, s, tx,

@@ -240,7 +240,8 @@ def build(config, mode: str = "train", workdir=None) -> Task:
             rewards.char_terms(config.reward),
             tx,
             schedule,
-            hooks=sharding.step_hooks(mesh),  # members over the member axis, prompts over data
+            # members over the member axis, prompts over data
+            hooks=sharding.step_hooks(mesh, sharding.shards_params(config)),
             reward_discount=float(config.reward.get("discount", 1.0)),
             per_token_advantages=bool(config.reward.per_token),
             token_classes=classes,

@@ -38,7 +38,7 @@ import numpy as np
 import optax
 from absl import logging
 
-from grpo_jax import groups, objective, single_step
+from grpo_jax import groups, objective, sharding, single_step
 from grpo_jax.rewards import RewardTerm
 from grpo_jax.specs import EngineSpec, OptimSpec
 from grpo_jax.task import Task
@@ -280,7 +280,8 @@ def build(config, mode: str = "train", workdir=None) -> Task:  # keeps nothing i
     def build(initial_params, mesh=None):
         rm_params = reward_model() if t.reward == "rm" else None
         fns = (policy_logits, t.vocab_size, 1, sample_prompts, terms, tx, schedule)
-        return single_step.build(espec, *fns, initial_params, None, rm_params, mesh)
+        hooks = sharding.step_hooks(mesh, sharding.shards_params(config))
+        return single_step.build(espec, *fns, initial_params, None, rm_params, hooks)
 
     return Task(
         init_params=init_params,
