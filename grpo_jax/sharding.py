@@ -232,22 +232,20 @@ def _shard_members(mesh: Mesh, fn, inputs, member_args: tuple, rows, summed=Fals
 def make_member_sum(mesh: Mesh, shard_params: bool = False):
     """``member_sum(fn, shared, per_prompt, *member_args, whole_loss=False)`` for the loss's
     member loop (loss.make_loss): ``fn(shared, per_prompt, *member_slices) -> (j, aux)`` on
-    each device's members under ``jax.shard_map`` (``shared``, the params and the
-    reference's state, whole; ``per_prompt`` and the member args' axis 0 are the prompts),
-    returning (Σ j over the devices, aux [B, K, ...] whole). GSPMD alone kept this loop whole
-    on every member device. The params' gradient is the devices' summed by shard_map's
-    transpose.
+    each device's members under ``jax.shard_map`` (``shared``: the params and the reference's
+    state, whole), returning (Σ j over the devices, aux [B, K, ...] whole). GSPMD alone kept
+    this loop whole on every member device. shard_map's transpose sums the params' gradient.
 
-    ``whole_loss``: ``fn`` holds all of the part's loss (a sampled part's, prefill
-    included), so the map takes ``data`` too and the gradient is summed once, in one
-    all-reduce over the mesh; with ``data`` automatic it took two of the params' size (over
-    ``member``, then GSPMD's over ``data``). A forced part's decision point reads the
-    prefill outside ``fn``: there ``data`` stays automatic, and XLA folds the loop's
-    gradient into the sum over ``data`` it runs for the prefill's (a v2-8: one float32
-    all-reduce per update; with ``data`` manual, a second one, in bfloat16). FSDP
-    (``shard_params``) keeps ``data`` automatic too: manual, XLA:TPU gathered the rollout's
-    weights at every decode step. The zero padding members' aggregation weights are 0: they
-    add nothing to j or its gradient; their aux is sliced off."""
+    ``whole_loss``: ``fn`` holds all of the part's loss (a sampled part's, prefill included),
+    so the map takes ``data`` too (``per_prompt`` and the member args' axis 0 split over it)
+    and the gradient is summed once over the mesh; with ``data`` automatic it took two sums
+    of the params' size (over ``member``, then GSPMD's over ``data``). A forced part's
+    decision point reads the prefill outside ``fn``: there XLA folds the loop's gradient into
+    its sum over ``data`` for the prefill's (a v2-8: one float32 all-reduce per update; with
+    ``data`` manual, a second one in bfloat16). FSDP (``shard_params``) keeps ``data``
+    automatic too: manual, XLA:TPU ran all-gathers in the decode loops (a v5e-8: 7,747 a
+    step, 73 GB). Padding members' zero aggregation weights add nothing to j or its
+    gradient; their aux is sliced off."""
     member_axis = mesh.shape["member"] > 1
 
     def over(rows):
@@ -400,26 +398,3 @@ def make_multi_seed_step(step_fn):
     ``jax.jit(make_multi_seed_step(step), donate_argnums=0)`` trains N seeds in one program;
     metrics come back with a leading seed axis."""
     return jax.vmap(step_fn, in_axes=(0, None))
-
-
-__all__ = [
-    "AXES",
-    "StepHooks",
-    "batch_sharding",
-    "check_batch",
-    "describe",
-    "fsdp_spec",
-    "jit_step",
-    "make_member_map",
-    "make_mesh",
-    "make_multi_seed_step",
-    "mesh_shape",
-    "per_device_work",
-    "put",
-    "replicated",
-    "seed_states",
-    "stack_states",
-    "state_shardings",
-    "step_hooks",
-    "unstack_state",
-]
