@@ -232,20 +232,19 @@ def _shard_members(mesh: Mesh, fn, inputs, member_args: tuple, rows, summed=Fals
 def make_member_sum(mesh: Mesh, shard_params: bool = False):
     """``member_sum(fn, shared, per_prompt, *member_args, whole_loss=False)`` for the loss's
     member loop (loss.make_loss): ``fn(shared, per_prompt, *member_slices) -> (j, aux)`` on
-    each device's members under ``jax.shard_map`` (``shared``: the params and the reference's
-    state, whole), returning (Σ j over the devices, aux [B, K, ...] whole). GSPMD alone kept
-    this loop whole on every member device. shard_map's transpose sums the params' gradient.
+    each device's members under ``jax.shard_map`` (``shared``, the params and the reference's
+    state, whole), returning (Σ j, aux [B, K, ...] whole); its transpose sums the gradient.
 
     ``whole_loss``: ``fn`` holds all of the part's loss (a sampled part's, prefill included),
     so the map takes ``data`` too (``per_prompt`` and the member args' axis 0 split over it)
     and the gradient is summed once over the mesh; with ``data`` automatic it took two sums
     of the params' size (over ``member``, then GSPMD's over ``data``). A forced part's
-    decision point reads the prefill outside ``fn``: there XLA folds the loop's gradient into
-    its sum over ``data`` for the prefill's (a v2-8: one float32 all-reduce per update; with
-    ``data`` manual, a second one in bfloat16). FSDP (``shard_params``) keeps ``data``
+    decision point reads the prefill outside ``fn``; the map takes ``data`` there only with
+    a member axis: alone on ``data``, XLA folds the loop's gradient into its sum for the
+    prefill's (a v2-8: one float32 all-reduce per update; with ``data`` manual, a second one
+    in bfloat16). FSDP (``shard_params``) keeps ``data``
     automatic too: manual, XLA:TPU ran all-gathers in the decode loops (a v5e-8: 7,747 a
-    step, 73 GB). Padding members' zero aggregation weights add nothing to j or its
-    gradient; their aux is sliced off."""
+    step, 73 GB). Padding members' zero weights add nothing; their aux is sliced off."""
     member_axis = mesh.shape["member"] > 1
 
     def over(rows):
@@ -264,7 +263,8 @@ def make_member_sum(mesh: Mesh, shard_params: bool = False):
     # manual region ("Cross-partition allreduce must be in (partial) manual partitioning mode")
     members = over(None) if member_axis else (lambda fn, *args: fn(*args))
     whole = members if shard_params else over("data")
-    return lambda fn, *args, whole_loss=False: (whole if whole_loss else members)(fn, *args)
+    part = whole if member_axis else members
+    return lambda fn, *args, whole_loss=False: (whole if whole_loss else part)(fn, *args)
 
 
 def unsharded(tree: Any) -> Any:

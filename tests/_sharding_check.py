@@ -269,23 +269,28 @@ def reference_split():
 
 def gradient_sums():
     """The all-reduces of shakespeare:tiny's sampled step on (data=8) and (data=2 x
-    member=4): their bytes per device, one execution of the step, against the params' bytes
-    and the step's μ updates (each sums one gradient)."""
+    member=4), and of its exhaustive step on (2 x 4): their bytes per device, one execution
+    of the step, against the params' bytes and the step's μ updates (each sums one
+    gradient)."""
     sys.path.insert(0, str(ROOT / "experiments"))
     import hlo_collectives
     import xla_profile
 
-    config = tiny_config("sampled")
-    task = task_lib.build_task(config, "train")
-    params0 = jax.tree.map(np.array, trainer.initial_params(config, task))
-    out = {"param_bytes": sum(x.nbytes for x in jax.tree.leaves(params0))}
-    out["updates"] = config.grpo.num_iterations
-    for data, member in ((8, 1), (2, 4)):
-        mesh = sharding.make_mesh(_mesh_cfg(data, member))
-        step, inputs = task.build(params0, mesh)
-        run, state, inputs, _ = sharding.jit_step(step, mesh, task.make_state(params0), inputs)
-        instrs = xla_profile.parse_hlo(run.lower(state, inputs).compile().as_text())
-        out[f"{data}x{member}"] = hlo_collectives.collectives(instrs)
+    out = {}
+    for mode, meshes in (("sampled", ((8, 1), (2, 4))), ("exhaustive", ((2, 4),))):
+        config = tiny_config(mode)
+        task = task_lib.build_task(config, "train")
+        params0 = jax.tree.map(np.array, trainer.initial_params(config, task))
+        row = {"param_bytes": sum(x.nbytes for x in jax.tree.leaves(params0))}
+        row["updates"] = config.grpo.num_iterations
+        for data, member in meshes:
+            mesh = sharding.make_mesh(_mesh_cfg(data, member))
+            step, inputs = task.build(params0, mesh)
+            state = task.make_state(params0)
+            run, state, inputs, _ = sharding.jit_step(step, mesh, state, inputs)
+            instrs = xla_profile.parse_hlo(run.lower(state, inputs).compile().as_text())
+            row[f"{data}x{member}"] = hlo_collectives.collectives(instrs)
+        out[mode] = row
     return out
 
 
