@@ -15,8 +15,8 @@ runs unchanged on a mesh ``("data", "member")`` built from ``config.mesh``:
   loop (the members' training forward and backward) runs in a second shard_map
   (``make_member_sum``): GSPMD alone kept that loop whole on every member device. Its one
   hand-written reduction sums the devices' shares of the loss; the params' gradient, whole
-  on every device, is summed by shard_map's own transpose. A sampled part's loop, with its
-  prompt prefill, takes ``data`` too, and its gradient is summed once over the mesh.
+  on every device, is summed by shard_map's own transpose. A sampled part's loop and
+  prefill take ``data`` too (a forced part's loop, with a member axis: make_member_sum).
 * parameters and optimizer state are replicated (default) or, with ``mesh.shard_params``,
   sharded FSDP-style over ``data`` (each >= 2-D leaf along its largest divisible axis)
   between steps, the params gathered whole for the step's compute (``step_hooks``).
@@ -242,9 +242,9 @@ def make_member_sum(mesh: Mesh, shard_params: bool = False):
     decision point reads the prefill outside ``fn``; the map takes ``data`` there only with
     a member axis: alone on ``data``, XLA folds the loop's gradient into its sum for the
     prefill's (a v2-8: one float32 all-reduce per update; with ``data`` manual, a second one
-    in bfloat16). FSDP (``shard_params``) keeps ``data``
-    automatic too: manual, XLA:TPU ran all-gathers in the decode loops (a v5e-8: 7,747 a
-    step, 73 GB). Padding members' zero weights add nothing; their aux is sliced off."""
+    in bfloat16). FSDP (``shard_params``) keeps ``data`` automatic too: manual, XLA:TPU ran
+    all-gathers in the decode loops (a v5e-8: 7,747 a step, 73 GB). Padding members' zero
+    weights add nothing."""
     member_axis = mesh.shape["member"] > 1
 
     def over(rows):
@@ -262,9 +262,9 @@ def make_member_sum(mesh: Mesh, shard_params: bool = False):
     # a size-1 member axis alone has nothing to split, and XLA refuses its psum outside the
     # manual region ("Cross-partition allreduce must be in (partial) manual partitioning mode")
     members = over(None) if member_axis else (lambda fn, *args: fn(*args))
-    whole = members if shard_params else over("data")
-    part = whole if member_axis else members
-    return lambda fn, *args, whole_loss=False: (whole if whole_loss else part)(fn, *args)
+    whole = members if shard_params else over("data")  # a sampled part's loss
+    forced = whole if member_axis else members  # a forced part's loop (prefill outside)
+    return lambda fn, *args, whole_loss=False: (whole if whole_loss else forced)(fn, *args)
 
 
 def unsharded(tree: Any) -> Any:
@@ -291,23 +291,23 @@ def _constrainer(target: NamedSharding):
 
 
 def shards_params(config) -> bool:
-    """Whether the run shards its params FSDP-style (``mesh.shard_params``)."""
-    return bool(config.get("mesh", {}).get("shard_params", False))
+    """Whether the run (None: no run) shards its params FSDP-style (``mesh.shard_params``)."""
+    return config is not None and bool(config.get("mesh", {}).get("shard_params", False))
 
 
-def step_hooks(mesh: Mesh | None, shard_params: bool = False) -> StepHooks:
+def step_hooks(mesh: Mesh | None, config=None) -> StepHooks:
     """The hooks a step takes for ``mesh``. ``whole`` gathers FSDP's params for the rollout
     and the update's loss (its gradient sums onto the sharded layout): one copy of them on
     each device while the step runs. Left sharded, XLA partitioned their products by the
     weights' sharding (experiments/aot_compile.py, the 12 x 768 model): at every decode step
     (8 GPUs: 11,049 collectives a step in the decode loop), and the update's activations
-    (a v5e-8: 1,062 all-gathers, 345 all-to-alls, 184 all-reduces a step). ``shard_params``
-    (the run's ``mesh.shard_params``, shards_params) keeps the loss's ``data`` automatic
+    (a v5e-8: 1,062 all-gathers, 345 all-to-alls, 184 all-reduces a step). ``config``: the
+    run's, whose ``mesh.shard_params`` (shards_params) keeps the loss's ``data`` automatic
     (make_member_sum)."""
     if mesh is None:
         return StepHooks(None, unsharded, None)
     shard_batch, whole = _constrainer(batch_sharding(mesh)), _constrainer(replicated(mesh))
-    maps = make_member_map(mesh), shard_batch, make_member_sum(mesh, shard_params)
+    maps = make_member_map(mesh), shard_batch, make_member_sum(mesh, shards_params(config))
     return StepHooks(*maps, mesh.shape["data"], whole)
 
 

@@ -232,7 +232,7 @@ def make_build_step(config, espec, tok, policy_for, opt, train: Data, b: int, cl
         step = engine.make_grpo_step(
             espec, policy, policy_reference(policy) if use_ref else None, sample_prompts,
             reward_terms(config, tok), tx, schedule, eos_id=tok.eos_id, decode=make_decode(tok),
-            hooks=sharding.step_hooks(mesh, sharding.shards_params(config)), token_classes=classes,
+            hooks=sharding.step_hooks(mesh, config), token_classes=classes,
         )  # fmt: skip
         ref_state = jax.tree.map(jnp.copy, initial_params) if use_ref else None
         return step, StepInputs(train, ref_state)

@@ -284,7 +284,7 @@ def grpo_task(config, espec: EngineSpec, s: Setup, judge_params, evaluate) -> Ta
     def build_step(initial_params, mesh=None):
         logging.info("fill-in: judge from %s, reference = initial generator", j.checkpoint)
         fns = (policy_logits, s.v, d.span_max, sample_prompts, terms, tx, schedule)
-        hooks = sharding.step_hooks(mesh, sharding.shards_params(config))
+        hooks = sharding.step_hooks(mesh, config)
         return single_step.build(espec, *fns, initial_params, s.train_tokens, judge_params, hooks)
 
     return make_task(

@@ -241,7 +241,7 @@ def build(config, mode: str = "train", workdir=None) -> Task:
             tx,
             schedule,
             # members over the member axis, prompts over data
-            hooks=sharding.step_hooks(mesh, sharding.shards_params(config)),
+            hooks=sharding.step_hooks(mesh, config),
             reward_discount=float(config.reward.get("discount", 1.0)),
             per_token_advantages=bool(config.reward.per_token),
             token_classes=classes,

@@ -280,7 +280,7 @@ def build(config, mode: str = "train", workdir=None) -> Task:  # keeps nothing i
     def build(initial_params, mesh=None):
         rm_params = reward_model() if t.reward == "rm" else None
         fns = (policy_logits, t.vocab_size, 1, sample_prompts, terms, tx, schedule)
-        hooks = sharding.step_hooks(mesh, sharding.shards_params(config))
+        hooks = sharding.step_hooks(mesh, config)
         return single_step.build(espec, *fns, initial_params, None, rm_params, hooks)
 
     return Task(
