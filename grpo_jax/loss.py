@@ -28,7 +28,7 @@ unless a reward term already asked for them (groups.Part.ref_logp), which the lo
 
 Memory: a sampled part's tokens and a forced part's continuation tokens run their training
 forward ``group.loss_chunk`` members at a time (default: the rollout's ``group.vocab_chunk``),
-each chunk's gradient taken right after its forward and summed (``accumulated``), so the
+each chunk's gradient taken right after its forward and summed (rollout.accumulated), so the
 [B, K, T, V] logits and the activations of a whole group never exist at once and nothing is
 recomputed (see sampled_loss, continuation_terms).
 
@@ -45,14 +45,10 @@ import jax.numpy as jnp
 from grpo_jax import candidates, objective
 from grpo_jax.groups import Part
 from grpo_jax.policy import Policy, Reference, continue_logits
-from grpo_jax.rollout import member_chunks, tempered_logp, token_logp
+from grpo_jax.rollout import accumulated, tempered_logp, token_logp
 from grpo_jax.specs import GroupSpec, ObjectiveSpec
 
 entropy = objective.entropy_from_logits
-
-
-def _masked_mean(x, w):
-    return objective.aggregate(x, w, "token-mean")
 
 
 # TRL's clip metrics, in clip_terms' order; each a token-mean over the scored tokens
@@ -76,61 +72,6 @@ def clip_terms(logp, old, adv, eps, eps_high):
     return low, high, jnp.maximum(low, high), ratio
 
 
-def accumulated(fn, chunk: int, diff, *member_args):
-    """(Σ over members of j, aux) for ``fn(diff, *member_slices) -> (j [B, c], aux)`` run
-    ``chunk`` members at a time (member axis 1 of ``member_args``), with the gradient of Σ j
-    in ``diff`` and nothing recomputed.
-
-    Each chunk's gradient is taken in the forward pass, right after its own forward
-    (``jax.vjp``), and added to a float32 running sum; the backward pass only scales that sum
-    by the cotangent of Σ j, which is exact because Σ j is linear in the chunks' j (the
-    loss's coefficients live in ``fn``). So one chunk's activations exist at a time, as
-    with ``jax.checkpoint``, but the forward runs once per chunk, not twice. ``aux`` (the
-    metrics, the log-probs) carries no gradient. ``fn`` must read the differentiated values
-    through ``diff`` only. Unchunked (chunk 0 or >= K), ``fn`` runs once under plain
-    autodiff."""
-    k = member_args[0].shape[1]
-    if chunk <= 0 or chunk >= k:
-        j, aux = fn(diff, *member_args)
-        return jnp.sum(j), jax.lax.stop_gradient(aux)
-    leaves, tree = jax.tree.flatten(diff)
-    inexact = [jnp.issubdtype(x.dtype, jnp.inexact) for x in leaves]
-    fixed = [None if d else x for x, d in zip(leaves, inexact, strict=True)]
-    live = [x for x, d in zip(leaves, inexact, strict=True) if d]  # what gets a gradient
-    dtypes = [x.dtype for x in live]
-    split, merge = member_chunks(k, chunk)
-    slices = tuple(split(a) for a in member_args)
-
-    def rebuild(live):  # the differentiated leaves back among the fixed (integer) ones
-        it = iter(live)
-        return tree.unflatten([next(it) if x is None else x for x in fixed])
-
-    def run(live, with_grad: bool):
-        def body(acc, xs):
-            f = lambda live: fn(rebuild(live), *xs)
-            if not with_grad:
-                j, aux = f(live)
-                return acc, (jnp.sum(j), aux)
-            j, vjp, aux = jax.vjp(f, live, has_aux=True)
-            (g,) = vjp(jnp.ones_like(j))
-            return [a + x.astype(a.dtype) for a, x in zip(acc, g, strict=True)], (jnp.sum(j), aux)
-
-        acc0 = [jnp.zeros(x.shape, jnp.promote_types(x.dtype, jnp.float32)) for x in live]
-        grads, (js, aux) = jax.lax.scan(body, acc0, slices)
-        return (jnp.sum(js), jax.tree.map(merge, aux)), grads
-
-    @jax.custom_vjp
-    def total(live):
-        return run(live, False)[0]
-
-    def bwd(grads, ct):
-        return ([(ct[0] * g).astype(dt) for g, dt in zip(grads, dtypes, strict=True)],)
-
-    total.defvjp(lambda live: run(live, True), bwd)
-    j, aux = total(live)
-    return j, jax.lax.stop_gradient(aux)
-
-
 def make_loss(
     spec: ObjectiveSpec,
     group: GroupSpec,
@@ -141,9 +82,9 @@ def make_loss(
     """Returns loss_fn(params, parts, old_logps, first_iter, forced_flags, ref_state=None) ->
     (loss, (metrics, logps)); ``ref_state`` is the reference's (read by the exact KL
     estimators, which run the reference inside the loss). ``member_sum(fn, shared,
-    per_prompt, *member_args, whole_loss=False)`` (sharding.make_member_sum) splits the
-    members' training forward over the mesh."""
-    member_sum = member_sum or (lambda fn, *args, whole_loss=False: fn(*args))
+    per_prompt, *member_args)`` (sharding.make_member_sum) splits the members' training
+    forward, and their prompts' prefill, over the mesh."""
+    member_sum = member_sum or (lambda fn, *args: fn(*args))
     gr, sp = spec, group.sampling
     has_reference = reference is not None
     # the decision point's KL is exact over V whatever the estimator; its direction follows it
@@ -156,32 +97,27 @@ def make_loss(
     # the training forward's chunk is its own: its [B, c, T, V] logits outgrow the rollout's
     # [B*c, V] per decode step by a factor T, so a large V wants a smaller chunk here
     loss_chunk = group.loss_chunk or group.vocab_chunk
+    # the all-action loss's "batch" scale reads every row: the decision point's devices sum
+    # its pieces, and forced_loss divides once they are in
+    batch_scale = gr.advantage_scale == "batch" and gr.exhaustive_estimator == "expected"
 
-    def over_members(chunk, diff_of, shared, per_prompt, member_args, whole_loss=False):
-        """(Σ j, aux) of ``chunk(held, diff, *member_slices)`` over every member,
-        ``loss_chunk`` at a time (accumulated), through ``member_sum``: ``shared`` = (params,
-        ref_state, first_iter) whole on every device, ``per_prompt`` split as the prompts
-        are. ``diff_of(shared, per_prompt) -> (diff, held)`` builds, on each device, what
-        the chunks differentiate and what they only read. Everything a chunk reads comes in
+    def over_members(chunk, diff_of, shared, per_prompt, member_args):
+        """(Σ j, prompt terms, aux) of ``chunk(held, diff, *member_slices)`` over every
+        member, ``loss_chunk`` at a time (accumulated), through ``member_sum``: ``shared`` =
+        (params, ref_state, first_iter) whole on every device, ``per_prompt`` split as the
+        prompts are. ``diff_of(shared, per_prompt) -> (diff, held, prompt terms)`` builds, on
+        each device, what the chunks differentiate, what they only read, and the terms of its
+        prompts alone (a forced part's decision point: sums over its rows, counted once
+        however many member devices share the rows). Everything a chunk reads comes in
         through these arguments, none by closure over the step's arrays: on a mesh each
-        device sees its own members' (and with ``whole_loss``, its own prompts') slices
-        (sharding.make_member_sum)."""
+        device sees its own prompts' and members' slices (sharding.make_member_sum)."""
 
         def body(shared, per_prompt, *slices):
-            diff, held = diff_of(shared, per_prompt)
-            return accumulated(functools.partial(chunk, held), loss_chunk, diff, *slices)
+            diff, held, once = diff_of(shared, per_prompt)
+            j, aux = accumulated(functools.partial(chunk, held), loss_chunk, diff, *slices)
+            return j, once, aux
 
-        return member_sum(body, shared, per_prompt, *member_args, whole_loss=whole_loss)
-
-    def agg(x, mask):
-        """objective.aggregate over the rows (members) and tokens that exist."""
-        return objective.aggregate(x, mask, gr.loss_agg)
-
-    def surrogate_terms(logp, old, adv, mask):
-        """Aggregated clipped surrogate plus TRL's clip metrics and the mean ratio."""
-        pg = objective.clipped_surrogate(logp, old, adv, eps, eps_high)
-        clip = zip(CLIP_METRICS, clip_terms(logp, old, adv, eps, eps_high), strict=True)
-        return agg(pg, mask), {n: _masked_mean(x, mask) for n, x in clip}
+        return member_sum(body, shared, per_prompt, *member_args)
 
     def kl_terms(lp, logp, ref_tok, ref_dist):
         """Per-token KL: exact over V against ``ref_dist()`` (the reference's log-probs at
@@ -265,29 +201,81 @@ def make_loss(
             # in the one sum over the devices, not a second one over ``data``
             (params, ref_state, first_iter), (prompts, context) = shared, per_prompt
             first, state = policy.prefill(params, prompts)
-            return (params, first, state), (ref_state, first_iter, prompts, context)
+            return (params, first, state), (ref_state, first_iter, prompts, context), {}
 
         args = (part.tokens, old_logp, part.advantages, w, wm, ref_tok, part.ref_logp)
         shared, per_prompt = (params, ref_state, first_iter), (part.prompts, context)
-        j, (sums, logp) = over_members(chunk, diff_of, shared, per_prompt, args, True)
+        j, _, (sums, logp) = over_members(chunk, diff_of, shared, per_prompt, args)
         pg, shown = jax.tree.map(jnp.sum, sums)
         m = dict(zip((*CLIP_METRICS, "kl", "entropy"), shown, strict=True))
         return j, pg, jnp.sum(part.member_mask.max(1)), m, logp
 
-    def continuation_terms(params, ref_state, state, part: Part, old_logp, first_iter, t):
-        """Tokens 1..t-1 of a forced part (t: the value horizon), ``group.loss_chunk``
-        members at a time.
+    def decision_inputs(part: Part, old_logp):
+        """What the decision point reads per prompt (split over ``data`` with the prompts):
+        the forced actions and their data, and the weights of its batch aggregates
+        (agg_weights), so each device's rows add their exact share of them."""
+        prompt_w = part.action_mask.max(1)  # prompts whose group counts
+        return {
+            "actions": part.actions,
+            "mask": part.action_mask,
+            "returns": part.action_returns,
+            "weights": part.action_weights,
+            "ref_first": part.ref_first,
+            "old": old_logp[:, ::n_cont, 0],  # members repeat each action n_cont times
+            "adv": part.advantages[:, ::n_cont, 0],
+            "w_rows": agg_weights(prompt_w, "token-mean"),
+            "w_act": agg_weights(part.action_mask),
+            "wm_act": agg_weights(part.action_mask, "token-mean"),
+        }
 
-        Each chunk runs the training forward of its members against the shared prompt state
-        and returns its members' weighted sums of the clipped surrogate, KL and entropy
-        (weights from agg_weights, so the chunks add up to the unchunked aggregate exactly),
-        its gradient taken right after its forward (accumulated): one chunk's activations
-        exist at a time, so the [B, K, T, V] logits never exist at once and peak memory is
-        bounded by the chunk, as in the rollout, and nothing is recomputed. The exact KL
-        estimators run the reference inside the chunk too, so its [B, K, T, V] log-probs
-        never exist either. Returns the differentiated objective (the part's loss takes
-        (t-1)/t of the continuations' KL and entropy), (pg, kl, ent) sums and logp
-        [B, K, t-1]."""
+    def decision_sums(params, prompts, d, first_iter):
+        """The decision point on these prompts: (its terms as sums over their rows, weighted
+        by the batch's aggregates, lp_first [b, V], the prompts' prefilled state).
+        "expected": the exact all-action gradient (a "batch" advantage scale: unscaled, with
+        its variance's sums, which forced_loss divides by once every row is in); "uniform":
+        the clipped surrogate over the forced actions and TRL's clip metrics. KL (exact over
+        V) and entropy are means over the prompts."""
+        first_logits, state = policy.prefill(params, prompts)
+        lp_first = tempered_logp(first_logits, sp)  # [b, V]
+        lp_act = jnp.take_along_axis(lp_first, d["actions"], axis=1)  # [b, A]
+        rows = lambda x: jnp.sum(wsum(x, d["w_rows"]))
+        if gr.exhaustive_estimator == "expected":
+            logp_set, values, mask = lp_act, d["returns"], d["mask"] > 0
+            if d["weights"] is not None:  # hierarchical, guided: values over all V
+                pi = jax.lax.stop_gradient(jnp.exp(lp_first))
+                q = (d["actions"], d["mask"], d["weights"], d["returns"])
+                logp_set, values, mask = lp_first, candidates.hierarchical_values(pi, *q), None
+            scale = "none" if batch_scale else gr.advantage_scale
+            s = {"pg": rows(objective.all_action_loss(logp_set, values, scale=scale, mask=mask))}
+            if batch_scale:
+                var, has = objective.row_variances(values, jnp.exp(logp_set), mask)
+                s["var"], s["var_rows"] = jnp.sum(var), jnp.sum(has)
+        else:
+            old = jnp.where(first_iter, jax.lax.stop_gradient(lp_act), d["old"])
+            args = (lp_act, old, d["adv"], eps, eps_high)
+            s = {"pg": jnp.sum(wsum(objective.clipped_surrogate(*args), d["w_act"]))}
+            clip = zip(CLIP_METRICS, clip_terms(*args), strict=True)
+            s.update({n: jnp.sum(wsum(x, d["wm_act"])) for n, x in clip})
+        if has_reference:
+            s["kl"] = rows(exact_kl(lp_first, d["ref_first"]))
+        s["entropy"] = rows(entropy(lp_first))
+        return s, lp_first, state
+
+    def continuation_terms(params, ref_state, part: Part, d, old_logp, first_iter, t):
+        """The decision point and tokens 1..t-1 of a forced part (t: the value horizon), in
+        one pass over the members, ``group.loss_chunk`` at a time.
+
+        On each device the prompts' prefill gives the decision point's sums (decision_sums)
+        and the state its members' chunks continue from; so on a mesh the prefill's gradient
+        joins the members' in one sum over the devices. Each chunk runs the training forward
+        of its members and returns their weighted sums of the clipped surrogate, KL and
+        entropy (weights from agg_weights, so the chunks add up to the unchunked aggregate
+        exactly), its gradient taken right after its forward (accumulated): one chunk's
+        activations exist at a time, so the [B, K, T, V] logits never exist at once and
+        nothing is recomputed. The exact KL estimators run the reference inside the chunk
+        too, so its [B, K, T, V] log-probs never exist either. Returns the continuations'
+        objective (the part's loss takes (t-1)/t of their KL and entropy), the decision
+        point's sums, the continuations' (pg, kl, ent) sums and logp [B, K, t]."""
         # weights of the full-width aggregate, cut at t: the same loss as unsliced arrays
         w = agg_weights(part.token_mask[..., 1:])[..., : t - 1]
         ref_tok = part.ref_token_logp
@@ -296,22 +284,25 @@ def make_loss(
         context = reference_context(ref_state, part)
 
         def chunk(held, diff, tokens, old_c, adv_c, w_c, ref_tok_c, ref_lp_c):
-            ref_state, first_iter, prompts, context = held
+            ref_state, first_iter, prompts, context, lp_first = held
             lp = tempered_logp(policy.extend(*diff, prompts, tokens), sp)
-            tok = tokens[..., 1:]
-            logp = token_logp(lp, tok)
+            logp = token_logp(lp, tokens[..., 1:])
             old = jnp.where(first_iter, jax.lax.stop_gradient(logp), old_c)
             pg = wsum(objective.clipped_surrogate(logp, old, adv_c, eps, eps_high), w_c)
             ref_dist = reference_dist(ref_state, context, prompts, tokens, ref_lp_c, 1)
             kl = wsum(kl_terms(lp, logp, ref_tok_c, ref_dist), w_c)
             ent = wsum(entropy(lp), w_c)
+            first = jnp.take_along_axis(lp_first, tokens[..., 0], axis=1)[..., None]
+            logp = jnp.concatenate([first, logp], axis=-1)
             return objective_terms(pg, kl, ent, (t - 1) / t), ((pg, kl, ent), logp)
 
         def diff_of(shared, per_prompt):
-            (params, ref_state, first_iter), (state, prompts, context) = shared, per_prompt
-            return (params, state), (ref_state, first_iter, prompts, context)
+            (params, ref_state, first_iter), (prompts, context, d) = shared, per_prompt
+            s, lp_first, state = decision_sums(params, prompts, d, first_iter)
+            lp_first = jax.lax.stop_gradient(lp_first)
+            return (params, state), (ref_state, first_iter, prompts, context, lp_first), s
 
-        shared, per_prompt = (params, ref_state, first_iter), (state, part.prompts, context)
+        shared, per_prompt = (params, ref_state, first_iter), (part.prompts, context, d)
         args = (
             part.tokens[..., :t],
             old_logp[..., 1:t],
@@ -320,59 +311,38 @@ def make_loss(
             ref_tok,
             ref_lp,
         )
-        j, (sums, logp) = over_members(chunk, diff_of, shared, per_prompt, args)
-        return j, jax.tree.map(jnp.sum, sums), logp
-
-    def decision_point(lp_first, logp0, part: Part, old_logp, first_iter):
-        """The forced first actions: the exact all-action gradient ("expected") or the
-        clipped surrogate over the forced actions ("uniform")."""
-        lp_act = jnp.take_along_axis(lp_first, part.actions, axis=1)  # [B, A]
-        prompt_w = part.action_mask.max(1)  # prompts whose group counts
-        if gr.exhaustive_estimator == "expected":
-            if part.action_weights is not None:  # hierarchical, guided: values over all V
-                pi = jax.lax.stop_gradient(jnp.exp(lp_first))
-                q = candidates.hierarchical_values(
-                    pi, part.actions, part.action_mask, part.action_weights, part.action_returns
-                )
-                pg_rows = objective.all_action_loss(lp_first, q, scale=gr.advantage_scale)
-            else:
-                pg_rows = objective.all_action_loss(
-                    lp_act, part.action_returns, scale=gr.advantage_scale, mask=part.action_mask > 0
-                )
-            no_clip = (0.0, 0.0, 0.0, 1.0)  # no ratio at the decision point: nothing clipped
-            m = {n: jnp.asarray(x) for n, x in zip(CLIP_METRICS, no_clip, strict=True)}
-            return _masked_mean(pg_rows, prompt_w), m
-        old_act = jnp.where(first_iter, jax.lax.stop_gradient(logp0), old_logp[..., :1])
-        old_act = old_act[:, ::n_cont, 0]
-        adv_act = part.advantages[:, ::n_cont, 0]
-        return surrogate_terms(lp_act, old_act, adv_act, part.action_mask)
+        j, s, (sums, logp) = over_members(chunk, diff_of, shared, per_prompt, args)
+        return j, s, jax.tree.map(jnp.sum, sums), logp
 
     def forced_loss(params, ref_state, part: Part, old_logp, first_iter):
-        b, k, full_t = part.tokens.shape
+        full_t = part.tokens.shape[-1]
         t = group.forced_horizon(full_t)  # tokens past it are all masked
-        first_logits, state = policy.prefill(params, part.prompts)
-        lp_first = tempered_logp(first_logits, sp)  # [B, V]
-        logp = jnp.take_along_axis(lp_first, part.tokens[..., 0], axis=1)[..., None]
-        pg, m = decision_point(lp_first, logp, part, old_logp, first_iter)
-        prompt_w = part.action_mask.max(1)
-        kl_dp = exact_kl(lp_first, part.ref_first) if has_reference else jnp.zeros((b,))
-        kl, ent = _masked_mean(kl_dp, prompt_w), _masked_mean(entropy(lp_first), prompt_w)
+        d = decision_inputs(part, old_logp)
+        cont = train_cont and t > 1
+        if cont:
+            j_c, s, (pg_c, kl_c, ent_c), logp = continuation_terms(
+                params, ref_state, part, d, old_logp, first_iter, t
+            )
+        else:  # the decision point alone: no member loop to share its prefill with
+            s, lp_first, _ = decision_sums(params, part.prompts, d, first_iter)
+            logp = jnp.take_along_axis(lp_first, part.tokens[..., 0], axis=1)[..., None]
+        pg, kl, ent = s["pg"], s.get("kl", jnp.zeros(())), s["entropy"]
+        if batch_scale:
+            pg = objective.scale_by_batch_std(pg, s["var"], s["var_rows"])
+        no_clip = (0.0, 0.0, 0.0, 1.0)  # "expected" has no ratio there: nothing is clipped
+        m = {n: s.get(n, jnp.asarray(x)) for n, x in zip(CLIP_METRICS, no_clip, strict=True)}
         m["kl_decision"], m["entropy_decision"] = kl, ent
-        pad = lambda x: jnp.pad(x, ((0, 0), (0, 0), (0, full_t - x.shape[-1])))
-        if not (train_cont and t > 1):
+        count = jnp.sum(part.action_mask.max(1))
+        logp = jnp.pad(logp, ((0, 0), (0, 0), (0, full_t - logp.shape[-1])))
+        if not cont:
             m["kl"], m["entropy"] = kl, ent
-            return objective_terms(pg, kl, ent), pg, jnp.sum(prompt_w), m, pad(logp)
+            return objective_terms(pg, kl, ent), pg, count, m, logp
         # KL and entropy stay per-token means (the decision point is one of T tokens), so they
         # read the same as a sampled group's; the decision point's pg term keeps its full
         # weight: it is the exhaustive group's main signal.
-        j_c, (pg_c, kl_c, ent_c), logp_rest = continuation_terms(
-            params, ref_state, state, part, old_logp, first_iter, t
-        )
-        j = objective_terms(pg, kl, ent, 1 / t) + j_c
         m["pg_continuation"] = pg_c
         m["kl"], m["entropy"] = (kl + (t - 1) * kl_c) / t, (ent + (t - 1) * ent_c) / t
-        logp = pad(jnp.concatenate([logp, logp_rest], axis=-1))
-        return j, pg + pg_c, jnp.sum(prompt_w), m, logp
+        return objective_terms(pg, kl, ent, 1 / t) + j_c, pg + pg_c, count, m, logp
 
     def loss_fn(params, parts, old_logps, first_iter, forced_flags, ref_state=None):
         total = pg_t = 0.0

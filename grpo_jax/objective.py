@@ -387,16 +387,32 @@ def policy_weighted_advantages(returns, pi, scale="none", eps=1e-8, mask=None):
     Returns: `[B, A]` stop-gradient advantages, 0 outside the mask.
     """
     _check("advantage scale", scale, ADVANTAGE_SCALES)
-    mask = jnp.ones(returns.shape, bool) if mask is None else jnp.asarray(mask, bool)
+    adv, var, rows = _centred(returns, pi, mask)
+    if scale == "group":
+        adv = _safe_div(adv, jnp.sqrt(var)[..., None] + eps)
+    elif scale == "batch":
+        adv = scale_by_batch_std(adv, jnp.sum(var), jnp.sum(rows), eps)
+    return jax.lax.stop_gradient(adv)
+
+
+def _centred(returns, pi, mask):
+    """(Â = R - b, 0 outside the mask; [B] each row's π̄-weighted variance of Â, 0 for a row
+    without actions; [B] 1 where the row has actions), π̄ = sg(π) over the mask."""
+    mask = jnp.ones(pi.shape, bool) if mask is None else jnp.asarray(mask, bool)
     pi_sg = jax.lax.stop_gradient(jnp.where(mask, pi, 0.0))
     adv = _center(jax.lax.stop_gradient(returns), mask, pi_sg, axis=-1)
-    if scale != "none":
-        var = _safe_div(
-            jnp.sum(pi_sg * adv**2, -1, keepdims=True),
-            jnp.sum(pi_sg, -1, keepdims=True),
-        )
-        if scale == "batch":  # over the rows that have actions: empty ones would dilute it
-            rows = jnp.any(mask, -1, keepdims=True)
-            var = _safe_div(jnp.sum(jnp.where(rows, var, 0.0)), jnp.sum(rows))
-        adv = _safe_div(adv, jnp.sqrt(var) + eps)
-    return jax.lax.stop_gradient(adv)
+    rows = jnp.any(mask, -1)
+    var = _safe_div(jnp.sum(pi_sg * adv**2, -1), jnp.sum(pi_sg, -1))
+    return adv, jax.lax.stop_gradient(jnp.where(rows, var, 0.0)), rows * 1.0
+
+
+def row_variances(returns, pi, mask=None):
+    """The "batch" scale's pieces, ([B] variances, [B] rows that have actions): the scale is
+    the root of Σ var / Σ rows (scale_by_batch_std; rows without actions would dilute it).
+    Sums, so devices holding different rows add theirs (loss.py's forced parts)."""
+    return _centred(returns, pi, mask)[1:]
+
+
+def scale_by_batch_std(x, var_sum, rows, eps=1e-8):
+    """x / (sqrt(var_sum / rows) + eps), 0 where that is undefined (row_variances' sums)."""
+    return _safe_div(x, jnp.sqrt(_safe_div(var_sum, rows)) + eps)

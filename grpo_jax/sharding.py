@@ -15,19 +15,19 @@ runs unchanged on a mesh ``("data", "member")`` built from ``config.mesh``:
   loop (the members' training forward and backward) runs in a second shard_map
   (``make_member_sum``): GSPMD alone kept that loop whole on every member device. Its one
   hand-written reduction sums the devices' shares of the loss; the params' gradient, whole
-  on every device, is summed by shard_map's own transpose. A sampled part's loop and
-  prefill take ``data`` too (a forced part's loop, with a member axis: make_member_sum).
+  on every device, is summed by shard_map's own transpose. The map takes ``data`` too, and
+  holds the part's prompt prefill (and a forced part's decision point), so that sum is the
+  step's only one per update (FSDP: make_member_sum).
 * parameters and optimizer state are replicated (default) or, with ``mesh.shard_params``,
   sharded FSDP-style over ``data`` (each >= 2-D leaf along its largest divisible axis)
   between steps, the params gathered whole for the step's compute (``step_hooks``).
 
-Everything else (prefill, rewards, the group statistics over K such as advantages, the
-all-action baseline, the exact KL and entropy at the decision point, the optimizer update)
-stays one ``jit`` program with sharding annotations, partitioned by XLA (GSPMD/Shardy). It
-inserts the other cross-device reductions (a forced part's gradient over ``data``, the
-reductions over K across ``member``) itself, so the same
-program computes the same numbers on every mesh, up to float summation order (the tests
-check 1e-5).
+Everything else (the rollout's prefill, rewards, the group statistics over K such as
+advantages, the optimizer update) stays one ``jit`` program with sharding annotations,
+partitioned by XLA (GSPMD/Shardy). It inserts the other cross-device reductions (the
+reductions over K across ``member``; the gradient of a decision point without
+continuations, which has no member loop) itself, so the same program computes the same
+numbers on every mesh, up to float summation order (the tests check 1e-5).
 
 Randomness does not depend on the mesh: every uniform is drawn once per (prompt, member,
 step) from the step key with the partitionable threefry PRNG (``jax_threefry_partitionable``,
@@ -230,41 +230,41 @@ def _shard_members(mesh: Mesh, fn, inputs, member_args: tuple, rows, summed=Fals
 
 
 def make_member_sum(mesh: Mesh, shard_params: bool = False):
-    """``member_sum(fn, shared, per_prompt, *member_args, whole_loss=False)`` for the loss's
-    member loop (loss.make_loss): ``fn(shared, per_prompt, *member_slices) -> (j, aux)`` on
-    each device's members under ``jax.shard_map`` (``shared``, the params and the reference's
-    state, whole), returning (Σ j, aux [B, K, ...] whole); its transpose sums the gradient.
-
-    ``whole_loss``: ``fn`` holds all of the part's loss (a sampled part's, prefill included),
-    so the map takes ``data`` too (``per_prompt`` and the member args' axis 0 split over it)
-    and the gradient is summed once over the mesh; with ``data`` automatic it took two sums
-    of the params' size (over ``member``, then GSPMD's over ``data``). A forced part's
-    decision point reads the prefill outside ``fn``; the map takes ``data`` there only with
-    a member axis: alone on ``data``, XLA folds the loop's gradient into its sum for the
-    prefill's (a v2-8: one float32 all-reduce per update; with ``data`` manual, a second one
-    in bfloat16). FSDP (``shard_params``) keeps ``data`` automatic too: manual, XLA:TPU ran
-    all-gathers in the decode loops (a v5e-8: 7,747 a step, 73 GB). Padding members' zero
-    weights add nothing."""
-    member_axis = mesh.shape["member"] > 1
+    """``member_sum(fn, shared, per_prompt, *member_args)`` for the loss's member loop
+    (loss.make_loss): ``fn(shared, per_prompt, *member_slices) -> (j, once, aux)`` on each
+    device's prompts and members under ``jax.shard_map`` over ``data`` and ``member``
+    (``shared``: the params, the reference's state, whole; ``per_prompt`` and the member
+    args' axis 0 split over ``data``), returning (Σ j, Σ once, aux [B, K, ...] whole). ``fn``
+    holds all of a part's differentiated loss, its prompts' prefill included, so the
+    transpose sums the gradient once, in one all-reduce over the mesh (with ``data``
+    automatic: over ``member``, again over ``data``, and the prefill's apart). ``once``
+    (scalars: a forced part's decision point, summed over its rows) depends on the prompts
+    alone: every member device of a row computes it alike, and it counts once. FSDP
+    (``shard_params``) keeps ``data`` automatic: manual, XLA:TPU ran all-gathers in the
+    decode loops (a v5e-8: 7,747 a step, 73 GB). Padding members' zero weights add nothing."""
+    nv = mesh.shape["member"]
 
     def over(rows):
+        axes = AXES if rows else "member"
+
         def member_sum(fn, shared, per_prompt, *member_args):
             def run(shared, per_prompt, *slices):
-                j, aux = fn(shared, per_prompt, *slices)
-                return jax.lax.psum(j, AXES if rows else "member"), aux
+                j, once, aux = fn(shared, per_prompt, *slices)
+                once = jax.tree.map(lambda x: x / nv, once)
+                return jax.lax.psum((j, once), axes), aux
 
             inputs = (shared, per_prompt)
-            j, aux = _shard_members(mesh, run, inputs, member_args, rows, summed=True)
-            return j, jax.tree.map(lambda x: x[:, : member_args[0].shape[1]], aux)
+            (j, once), aux = _shard_members(mesh, run, inputs, member_args, rows, summed=True)
+            return j, once, jax.tree.map(lambda x: x[:, : member_args[0].shape[1]], aux)
 
         return member_sum
 
-    # a size-1 member axis alone has nothing to split, and XLA refuses its psum outside the
-    # manual region ("Cross-partition allreduce must be in (partial) manual partitioning mode")
-    members = over(None) if member_axis else (lambda fn, *args: fn(*args))
-    whole = members if shard_params else over("data")  # a sampled part's loss
-    forced = whole if member_axis else members  # a forced part's loop (prefill outside)
-    return lambda fn, *args, whole_loss=False: (whole if whole_loss else forced)(fn, *args)
+    if mesh.size > 1 and not shard_params:
+        return over("data")
+    # one device, or a size-1 member axis alone, has nothing to split, and XLA refuses a
+    # psum over a size-1 member axis outside the manual region ("Cross-partition allreduce
+    # must be in (partial) manual partitioning mode")
+    return over(None) if nv > 1 else (lambda fn, *args: fn(*args))
 
 
 def unsharded(tree: Any) -> Any:

@@ -268,16 +268,15 @@ def reference_split():
 
 
 def gradient_sums():
-    """The all-reduces of shakespeare:tiny's sampled step on (data=8) and (data=2 x
-    member=4), and of its exhaustive step on (2 x 4): their bytes per device, one execution
-    of the step, against the params' bytes and the step's μ updates (each sums one
-    gradient)."""
+    """The collectives of shakespeare:tiny's sampled and exhaustive steps on (data=8) and
+    (data=2 x member=4): their bytes per device, one execution of the step, against the
+    params' bytes and the step's μ updates (each sums one gradient)."""
     sys.path.insert(0, str(ROOT / "experiments"))
     import hlo_collectives
     import xla_profile
 
     out = {}
-    for mode, meshes in (("sampled", ((8, 1), (2, 4))), ("exhaustive", ((2, 4),))):
+    for mode, meshes in (("sampled", ((8, 1), (2, 4))), ("exhaustive", ((8, 1), (2, 4)))):
         config = tiny_config(mode)
         task = task_lib.build_task(config, "train")
         params0 = jax.tree.map(np.array, trainer.initial_params(config, task))

@@ -123,7 +123,7 @@ def test_the_committed_records_render_as_committed():
     model's Triton kernels are two per layer and cache segment with ``flash``, one with
     ``pallas``."""
     records = sorted((ROOT / "experiments/results/gpu_compile_h100").glob("*.json"))
-    assert len(records) == 8
+    assert len(records) == 10
     for path in records:
         res = json.loads(path.read_text())
         assert G.markdown(res) == path.with_suffix(".md").read_text(), path.name
@@ -144,6 +144,17 @@ def test_the_committed_records_render_as_committed():
     moved = lambda r: sum(c["bytes"] for c in r["collectives"].values())
     assert moved(fsdp) < moved(by_name["large_8gpu_fsdp_rollout_only"]) / 9
     assert "all-to-all" not in fsdp["collectives"] and fsdp["decode_loop_collectives"] == {}
+    _sums_once(by_name, "exhaustive_full_8gpu_data2_member4")
+
+
+def _sums_once(by_name, name):
+    """exhaustive,full (μ = 2 updates) on (data=2, member=4): its all-reduces move one copy
+    of the float32 params per update, in one sum: the decision point's prefill runs in the
+    loss's shard_map with its members (loss.continuation_terms). Outside it, 1.84 copies."""
+    after, before = by_name[name], by_name[name + "_before"]
+    assert after["mesh"] == before["mesh"] == {"data": 2, "member": 4}
+    reduced = lambda r: r["collectives"]["all-reduce"]["bytes"] / (2 * 4 * r["params"])
+    assert 1.0 <= reduced(after) < 1.01 and reduced(before) > 1.8
 
 
 def test_the_committed_tpu_records_render_as_committed():
@@ -153,9 +164,10 @@ def test_the_committed_tpu_records_render_as_committed():
     decode loops run no collective (the params gathered for the rollout and the update, as on
     the GPUs); on four v5e hosts at (data=4, member=4) no all-gather is left (7,774 a step
     before the position table's gradient became a matmul, 7,747 in the decode loops), and
-    the gradient is summed once."""
+    the gradient is summed once (the large model's step, and exhaustive ``full``'s on a
+    v5e-8 at (data=2, member=4))."""
     records = sorted((ROOT / "experiments/results/aot_compile_tpu").glob("*.json"))
-    assert len(records) == 11
+    assert len(records) == 13
     by_name = {}
     for path in records:
         res = json.loads(path.read_text())
@@ -183,3 +195,4 @@ def test_the_committed_tpu_records_render_as_committed():
     # member loop they moved 2.1 (the loop's sum over ``member``, then GSPMD's over ``data``)
     reduced = lambda r: r["collectives"]["all-reduce"]["bytes"] / (4 * r["params"])
     assert 1.0 <= reduced(hosts) < 1.01 and reduced(before) > 2
+    _sums_once(by_name, "exhaustive_full_v5e_8_data2_member4")

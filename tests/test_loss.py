@@ -78,20 +78,30 @@ def _parts(cfg, corpus, model, params, ref_state=None):
     return parts, (ref, ref_state)
 
 
-def test_expected_estimator_is_the_exact_all_action_gradient(setup):
+@pytest.mark.parametrize("scale", ["none", "batch"])
+def test_expected_estimator_is_the_exact_all_action_gradient(setup, scale):
+    """-∇ mean_b Σ_a π(a|s_b) R_b(a), divided with the "batch" scale by the root of the
+    rows' mean π-weighted variance of R (float64 numpy; the loss sums its pieces over the
+    rows, loss.decision_sums, so that devices holding different rows can add them)."""
     cfg, corpus, model, params = setup
     cfg = cfg.copy_and_resolve_references()
     cfg.group.train_continuations = False
-    cfg.grpo.beta, cfg.grpo.exhaustive_estimator, cfg.grpo.advantage_scale = 0.0, "expected", "none"
+    cfg.grpo.beta, cfg.grpo.exhaustive_estimator, cfg.grpo.advantage_scale = 0.0, "expected", scale
     parts, ref = _parts(cfg, corpus, model, params)
     (part,) = parts
     chex.assert_shape(part.action_returns, (2, corpus.vocab.size))
     loss_fn = make_loss(cfg, model, ref)
     g = jax.grad(lambda p: loss_fn(p, parts, (part.logp_old,), True, (True,))[0])(params)
+    logits = model.apply({"params": params}, part.prompts.tokens)[:, -1]
+    pi = np.asarray(jax.nn.softmax(logits), np.float64)
+    r = np.asarray(part.action_returns, np.float64)
+    var = np.sum(pi * (r - np.sum(pi * r, 1, keepdims=True)) ** 2, 1)
+    assert var.min() > 0  # both rows' returns vary: the scale is not the identity
+    sd = np.sqrt(var.mean()) + 1e-8 if scale == "batch" else 1.0
 
     def expected_return(p):  # J(θ) = mean_b Σ_a π_θ(a|s_b) R_b(a), written independently
         logits = model.apply({"params": p}, part.prompts.tokens)[:, -1]
-        return jnp.mean(jnp.sum(jax.nn.softmax(logits) * part.action_returns, axis=-1))
+        return jnp.mean(jnp.sum(jax.nn.softmax(logits) * part.action_returns, axis=-1)) / sd
 
     want = jax.grad(expected_return)(params)
     flat_g, flat_w = jax.tree.leaves(g), jax.tree.leaves(want)

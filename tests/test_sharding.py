@@ -182,23 +182,21 @@ def test_fsdp_params_are_gathered_once_not_at_every_decode_step(fsdp_rollout):
 
 
 def test_each_update_sums_its_gradient_over_the_devices_once(env8):
-    """On (data=8) and (data=2 x member=4) a sampled step's all-reduces move one copy of the
-    params per update (1.00x), in one all-reduce over the 8 devices: its members' loop and
-    their prompt's prefill run in one shard_map over both axes (sharding.make_member_sum).
-    Before, the loop's gradient was summed over ``member`` by that map's transpose and again
-    over ``data`` by GSPMD, the prefill's apart: 2.25x (data=8) and 3.35x (2 x 4). An
-    exhaustive step's loop takes ``data`` too on (2 x 4): 2.41x (its decision point's
-    prefill is summed apart), 4.3x before."""
+    """On (data=8) and (data=2 x member=4) a sampled or exhaustive step's all-reduces move
+    one copy of the params per update (1.00-1.01x), in one all-reduce over the 8 devices:
+    a part's members' loop and their prompts' prefill (an exhaustive part's decision point
+    with it) run in one shard_map over both axes (sharding.make_member_sum). Before, the
+    loop's gradient was summed over ``member`` by that map's transpose and again over
+    ``data`` by GSPMD, the prefill's apart: sampled 2.25x (data=8) and 3.35x (2 x 4); with
+    the decision point's prefill outside the map, exhaustive 6.79x (data=8) and 2.41x
+    (2 x 4)."""
     res = json.loads(run_python([CHECK, "gradient_sums"], env8).stdout.strip().splitlines()[-1])
-    for mode, mesh, limit in (
-        ("sampled", "8x1", 1.1),
-        ("sampled", "2x4", 1.1),
-        ("exhaustive", "2x4", 3),
-    ):
+    for mode in ("sampled", "exhaustive"):
         row = res[mode]
         copies = row["param_bytes"] * row["updates"]
-        moved = row[mesh]["all-reduce"]["bytes"]
-        assert copies <= moved < limit * copies, (mode, mesh, moved / copies, row)
+        for mesh in ("8x1", "2x4"):
+            moved = row[mesh]["all-reduce"]["bytes"]
+            assert copies <= moved < 1.1 * copies, (mode, mesh, moved / copies, row)
 
 
 def test_the_reference_splits_its_members_over_the_member_axis(env8):
