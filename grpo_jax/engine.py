@@ -190,9 +190,9 @@ def make_grpo_step(
     @jax.named_scope("update")
     def update(state: TrainState, inputs: StepInputs, batch: Batch, host_out=None):
         parts, term_returns = score(batch, host_out)
-        # the params whole for the training forward and backward too (sharding.step_hooks):
-        # their gradient is summed over the devices onto the sharded layout
-        grad_fn = jax.value_and_grad(lambda p, *a: loss_fn(whole(p), *a), has_aux=True)
+        # FSDP's params reach the loss sharded: its map gathers them and reduce-scatters
+        # their gradient (sharding.make_member_sum)
+        grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
 
         def one_update(carry, i):
             params, opt_state, old = carry

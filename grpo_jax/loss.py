@@ -314,6 +314,20 @@ def make_loss(
         j, s, (sums, logp) = over_members(chunk, diff_of, shared, per_prompt, args)
         return j, s, jax.tree.map(jnp.sum, sums), logp
 
+    def decision_only(params, ref_state, part: Part, d, first_iter):
+        """A forced part without continuations: its decision point's sums through
+        ``member_sum`` too (no member loop; each member's first log-prob [B, K, 1] as aux),
+        so that on a mesh its gradient is summed as the others' are."""
+
+        def body(shared, per_prompt, first_tokens):
+            (params, _, first_iter), (prompts, d) = shared, per_prompt
+            s, lp_first, _ = decision_sums(params, prompts, d, first_iter)
+            logp = jnp.take_along_axis(lp_first, first_tokens, axis=1)[..., None]
+            return jnp.zeros(()), s, jax.lax.stop_gradient(logp)
+
+        shared, per_prompt = (params, ref_state, first_iter), (part.prompts, d)
+        return member_sum(body, shared, per_prompt, part.tokens[..., 0])
+
     def forced_loss(params, ref_state, part: Part, old_logp, first_iter):
         full_t = part.tokens.shape[-1]
         t = group.forced_horizon(full_t)  # tokens past it are all masked
@@ -323,9 +337,8 @@ def make_loss(
             j_c, s, (pg_c, kl_c, ent_c), logp = continuation_terms(
                 params, ref_state, part, d, old_logp, first_iter, t
             )
-        else:  # the decision point alone: no member loop to share its prefill with
-            s, lp_first, _ = decision_sums(params, part.prompts, d, first_iter)
-            logp = jnp.take_along_axis(lp_first, part.tokens[..., 0], axis=1)[..., None]
+        else:
+            _, s, logp = decision_only(params, ref_state, part, d, first_iter)
         pg, kl, ent = s["pg"], s.get("kl", jnp.zeros(())), s["entropy"]
         if batch_scale:
             pg = objective.scale_by_batch_std(pg, s["var"], s["var_rows"])

@@ -13,21 +13,20 @@ runs unchanged on a mesh ``("data", "member")`` built from ``config.mesh``:
   K is padded to a multiple of the axis size with dummy members whose outputs are dropped
   before anything uses them, so any V (65 is prime to 2, 4, 8) works. The loss's member
   loop (the members' training forward and backward) runs in a second shard_map
-  (``make_member_sum``): GSPMD alone kept that loop whole on every member device. Its one
-  hand-written reduction sums the devices' shares of the loss; the params' gradient, whole
-  on every device, is summed by shard_map's own transpose. The map takes ``data`` too, and
-  holds the part's prompt prefill (and a forced part's decision point), so that sum is the
-  step's only one per update (FSDP: make_member_sum).
+  (``make_member_sum``) over ``data`` too, with the part's prompt prefill and a forced
+  part's decision point: GSPMD alone kept that loop whole on every member device. Its one
+  hand-written reduction sums the devices' shares of the loss; the params' gradient is
+  summed by shard_map's own transpose, once per update.
 * parameters and optimizer state are replicated (default) or, with ``mesh.shard_params``,
   sharded FSDP-style over ``data`` (each >= 2-D leaf along its largest divisible axis)
-  between steps, the params gathered whole for the step's compute (``step_hooks``).
+  between steps, the params gathered whole for the rollout (``step_hooks``) and inside the
+  loss's map, whose transpose then reduce-scatters their gradient.
 
 Everything else (the rollout's prefill, rewards, the group statistics over K such as
 advantages, the optimizer update) stays one ``jit`` program with sharding annotations,
-partitioned by XLA (GSPMD/Shardy). It inserts the other cross-device reductions (the
-reductions over K across ``member``; the gradient of a decision point without
-continuations, which has no member loop) itself, so the same program computes the same
-numbers on every mesh, up to float summation order (the tests check 1e-5).
+partitioned by XLA (GSPMD/Shardy). It inserts the other cross-device reductions (over K
+across ``member``) itself, so the same program computes the same numbers on every mesh, up
+to float summation order (the tests check 1e-5).
 
 Randomness does not depend on the mesh: every uniform is drawn once per (prompt, member,
 step) from the step key with the partitionable threefry PRNG (``jax_threefry_partitionable``,
@@ -206,23 +205,23 @@ def make_member_map(mesh: Mesh):
     return member_map
 
 
-def _shard_members(mesh: Mesh, fn, inputs, member_args: tuple, rows, summed=False):
+def _shard_members(mesh: Mesh, fn, inputs, member_args: tuple, rows, summed=False, shared=None):
     """``fn(shared, per_prompt, *member_slices)`` under ``jax.shard_map`` over ``member``,
     and over ``data`` too when ``rows`` is "data" (else it stays automatic); its outputs per
-    member, [B, K, ...] (``summed``: a sum, then those). ``inputs`` = (shared: whole on every
-    device, per_prompt: axis 0 split over ``rows``); the member args' axis 1 is zero-padded
-    to a multiple of the member axis and split. The scans inside start their carry
-    device-invariant (a zeroed cache) and end it per device; vma typing would demand pcasts
-    inside them, and the outputs are what the specs say, so ``check_vma`` is off."""
+    member, [B, K, ...] (``summed``: a sum, then those). ``inputs`` = (shared: whole, or as
+    the specs ``shared`` say; per_prompt: axis 0 split over ``rows``); the member args' axis
+    1 is zero-padded to a multiple of the member axis and split. The scans inside start
+    their carry device-invariant (a zeroed cache) and end it per device; vma typing would
+    demand pcasts inside them, and the outputs are what the specs say: ``check_vma`` off."""
     nv = mesh.shape["member"]
     padded = (
         jnp.pad(a, [(0, 0), (0, -a.shape[1] % nv)] + [(0, 0)] * (a.ndim - 2)) for a in member_args
     )
-    per_member = P(rows, "member")
+    per_member, shared = P(rows, "member"), P() if shared is None else shared
     return jax.shard_map(
         fn,
         mesh=mesh,
-        in_specs=(P(), P(rows), *(per_member for _ in member_args)),
+        in_specs=(shared, P(rows), *(per_member for _ in member_args)),
         out_specs=(P(), per_member) if summed else per_member,
         axis_names=frozenset({"member"} if rows is None else AXES),
         check_vma=False,
@@ -230,41 +229,45 @@ def _shard_members(mesh: Mesh, fn, inputs, member_args: tuple, rows, summed=Fals
 
 
 def make_member_sum(mesh: Mesh, shard_params: bool = False):
-    """``member_sum(fn, shared, per_prompt, *member_args)`` for the loss's member loop
-    (loss.make_loss): ``fn(shared, per_prompt, *member_slices) -> (j, once, aux)`` on each
-    device's prompts and members under ``jax.shard_map`` over ``data`` and ``member``
-    (``shared``: the params, the reference's state, whole; ``per_prompt`` and the member
-    args' axis 0 split over ``data``), returning (Σ j, Σ once, aux [B, K, ...] whole). ``fn``
-    holds all of a part's differentiated loss, its prompts' prefill included, so the
-    transpose sums the gradient once, in one all-reduce over the mesh (with ``data``
-    automatic: over ``member``, again over ``data``, and the prefill's apart). ``once``
-    (scalars: a forced part's decision point, summed over its rows) depends on the prompts
-    alone: every member device of a row computes it alike, and it counts once. FSDP
-    (``shard_params``) keeps ``data`` automatic: manual, XLA:TPU ran all-gathers in the
-    decode loops (a v5e-8: 7,747 a step, 73 GB). Padding members' zero weights add nothing."""
-    nv = mesh.shape["member"]
+    """``member_sum(fn, shared, per_prompt, *member_args)`` for the loss (loss.make_loss):
+    ``fn(shared, per_prompt, *member_slices) -> (j, once, aux)`` on each device's prompts
+    and members under ``jax.shard_map`` over ``data`` and ``member`` (``shared``: the params,
+    the reference's state, whole; ``per_prompt`` and the member args' axis 0 split over
+    ``data``), returning (Σ j, Σ once, aux [B, K, ...] whole). ``fn`` holds all of a part's
+    differentiated loss, its prompts' prefill included, so the transpose sums the gradient
+    once over the mesh (with ``data`` automatic: over ``member``, again over ``data``, and
+    the prefill's apart). ``once`` (scalars: a forced part's decision point, summed over its
+    rows) depends on the prompts alone: every member device of a row computes it alike,
+    and it counts once. Padding members' zero weights add nothing. FSDP (``shard_params``):
+    the params (``shared[0]``) come in sharded as the state holds them and are gathered
+    inside the map, behind an optimization barrier (without it XLA:TPU moved the gathers
+    into the loops: a v5e-8, 7,747 a step), so the transpose of that gather sums their
+    gradient onto the sharded layout (a reduce-scatter), not into a whole copy on each."""
+    nv, d = mesh.shape["member"], mesh.shape["data"]
 
-    def over(rows):
-        axes = AXES if rows else "member"
+    def member_sum(fn, shared, per_prompt, *member_args):
+        fsdp = jax.tree.map(lambda x: fsdp_spec(x.shape, d), shared[0]) if shard_params else None
+        specs = P() if fsdp is None else (fsdp, *(P() for _ in shared[1:]))
 
-        def member_sum(fn, shared, per_prompt, *member_args):
-            def run(shared, per_prompt, *slices):
-                j, once, aux = fn(shared, per_prompt, *slices)
-                once = jax.tree.map(lambda x: x / nv, once)
-                return jax.lax.psum((j, once), axes), aux
+        def run(shared, per_prompt, *slices):
+            if fsdp is not None:
+                params = jax.tree.map(_gather_data, shared[0], fsdp)
+                shared = (jax.lax.optimization_barrier(params), *shared[1:])
+            j, once, aux = fn(shared, per_prompt, *slices)
+            once = jax.tree.map(lambda x: x / nv, once)
+            return jax.lax.psum((j, once), AXES), aux
 
-            inputs = (shared, per_prompt)
-            (j, once), aux = _shard_members(mesh, run, inputs, member_args, rows, summed=True)
-            return j, once, jax.tree.map(lambda x: x[:, : member_args[0].shape[1]], aux)
+        inputs = (shared, per_prompt)
+        (j, once), aux = _shard_members(mesh, run, inputs, member_args, "data", True, specs)
+        return j, once, jax.tree.map(lambda x: x[:, : member_args[0].shape[1]], aux)
 
-        return member_sum
+    return member_sum if mesh.size > 1 else (lambda fn, *args: fn(*args))  # nothing to split
 
-    if mesh.size > 1 and not shard_params:
-        return over("data")
-    # one device, or a size-1 member axis alone, has nothing to split, and XLA refuses a
-    # psum over a size-1 member axis outside the manual region ("Cross-partition allreduce
-    # must be in (partial) manual partitioning mode")
-    return over(None) if nv > 1 else (lambda fn, *args: fn(*args))
+
+def _gather_data(x, spec: P):
+    """A leaf whole from its shards over ``data`` (fsdp_spec's axis), inside a manual map."""
+    axes = tuple(spec)
+    return jax.lax.all_gather(x, "data", axis=axes.index("data"), tiled=True) if axes else x
 
 
 def unsharded(tree: Any) -> Any:
@@ -281,7 +284,7 @@ class StepHooks(NamedTuple):
     # a sub-batch's prompt count (adaptive's forced part) is padded to a multiple of ``data``:
     # GSPMD's own padding of an uneven split leaked NaN into the gradients
     batch_multiple: int = 1
-    # tree -> tree made whole on every device: the rollout's and the update's params
+    # tree -> tree made whole on every device: the rollout's params
     whole: Any = unsharded
 
 
@@ -296,14 +299,12 @@ def shards_params(config) -> bool:
 
 
 def step_hooks(mesh: Mesh | None, config=None) -> StepHooks:
-    """The hooks a step takes for ``mesh``. ``whole`` gathers FSDP's params for the rollout
-    and the update's loss (its gradient sums onto the sharded layout): one copy of them on
-    each device while the step runs. Left sharded, XLA partitioned their products by the
-    weights' sharding (experiments/aot_compile.py, the 12 x 768 model): at every decode step
-    (8 GPUs: 11,049 collectives a step in the decode loop), and the update's activations
-    (a v5e-8: 1,062 all-gathers, 345 all-to-alls, 184 all-reduces a step). ``config``: the
-    run's, whose ``mesh.shard_params`` (shards_params) keeps the loss's ``data`` automatic
-    (make_member_sum)."""
+    """The hooks a step takes for ``mesh`` and the run's ``config`` (its mesh.shard_params).
+    ``whole`` gathers FSDP's params for the rollout, ``member_sum`` inside the loss's map:
+    one copy on each device while the step runs. Left sharded, XLA partitioned their
+    products by the weights' sharding (experiments/aot_compile.py, the 12 x 768 model): at
+    every decode step (8 GPUs: 11,049 collectives a step in the decode loop), and the
+    update's activations (a v5e-8: 1,062 all-gathers, 345 all-to-alls, 184 all-reduces)."""
     if mesh is None:
         return StepHooks(None, unsharded, None)
     shard_batch, whole = _constrainer(batch_sharding(mesh)), _constrainer(replicated(mesh))
@@ -321,8 +322,7 @@ def jit_step(step, mesh: Mesh, state, inputs, shard_params: bool = False, wrap=N
     jitted rollout, the host rewards and a jitted update. ``wrap`` (e.g. the trainer's
     trace_once) wraps each jitted function."""
     wrap = wrap or (lambda f: f)
-    state_sh = state_shardings(mesh, state, shard_params)
-    rep = replicated(mesh)
+    state_sh, rep = state_shardings(mesh, state, shard_params), replicated(mesh)
     inputs_sh = jax.tree.map(lambda _: rep, inputs)
     state, inputs = put(state, state_sh), put(inputs, inputs_sh)
     host = getattr(step, "host", None)

@@ -148,13 +148,18 @@ def equivalence_all(*modes):
 def few_rows():
     """Adaptive groups of B = 4 (a forced sub-batch of one prompt) on 2-D meshes whose data
     axis does not divide that sub-batch, and exhaustive groups of B = 2 on (data=2, member=4):
-    one prompt per data device."""
+    one prompt per data device; and an exhaustive decision point alone (no continuations)
+    with the "batch" advantage scale, FSDP, on (2, 4): its sums over each device's rows."""
     meshes = ((2, 4, False), (4, 2, False))
     adaptive = tiny_config("adaptive", **{"train.batch_size": 4})
     exhaustive = tiny_config("exhaustive", **{"train.batch_size": 2})
+    alone = {"group.train_continuations": False, "grpo.advantage_scale": "batch"}
     return {
         "adaptive": equivalence("adaptive", 3, adaptive, meshes=meshes),
         "exhaustive": equivalence("exhaustive", 3, exhaustive, meshes=meshes[:1]),
+        "decision_only": equivalence(
+            "exhaustive", 2, tiny_config("exhaustive", **alone), meshes=((2, 4, True),)
+        ),
     }
 
 
@@ -201,9 +206,9 @@ def split_work():
 def fsdp_rollout():
     """The sampled step with its params sharded over data=8 (mesh.shard_params) against one
     device (3 steps), the collectives of its compiled decode loop and of the whole step, and
-    the params' bytes: the params are gathered whole for the rollout and for the update
-    (sharding.step_hooks' ``whole``), so the decode loop runs no collective and the step's
-    gathers move about two copies of them."""
+    the params' bytes and the step's updates: the params are gathered whole for the rollout
+    (sharding.step_hooks' ``whole``) and in the loss's map (sharding.make_member_sum), so
+    the decode loop runs no collective and the step's gathers move about three copies."""
     sys.path.insert(0, str(ROOT / "experiments"))
     import hlo_collectives
     import xla_profile
@@ -226,6 +231,7 @@ def fsdp_rollout():
         1 for x in jax.tree.leaves(state.params) if not x.sharding.is_fully_replicated
     )
     out["param_bytes"] = sum(x.nbytes for x in jax.tree.leaves(state.params))
+    out["updates"] = config.grpo.num_iterations
     return out
 
 

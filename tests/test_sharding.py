@@ -138,14 +138,16 @@ def few_rows(env8):
     return json.loads(run_python([CHECK, "few_rows"], env8).stdout.strip().splitlines()[-1])
 
 
-@pytest.mark.parametrize("mode, meshes", [("adaptive", 2), ("exhaustive", 1)])
+@pytest.mark.parametrize("mode, meshes", [("adaptive", 2), ("exhaustive", 1), ("decision_only", 1)])
 def test_few_prompts_per_data_device_take_the_same_step(few_rows, mode, meshes):
     """Adaptive groups' forced sub-batch (ceil(B / 4) prompts) split unevenly over ``data``
     made GSPMD's padding rows turn the gradient into NaN (B = 4 on (data=2, member=4) and
     (4, 2)), and every step kept its old state; they were refused on 2-D meshes. The
     sub-batch is now padded to whole rows per data device (groups.make_collect).
     Exhaustive groups of one prompt per data device (B = 2 on (2, 4)) differ from one device
-    under jax <= 0.7.2 (metrics by 0.084), hence the jax >= 0.8.0 pin."""
+    under jax <= 0.7.2 (metrics by 0.084), hence the jax >= 0.8.0 pin. A decision point
+    alone, "batch"-scaled, with FSDP on (2, 4): each device sums its rows' share
+    (loss.decision_only), the variance's too."""
     res = few_rows[mode]
     assert len(res["meshes"]) == meshes
     for name, m in res["meshes"].items():
@@ -161,10 +163,11 @@ def fsdp_rollout(env8):
 def test_fsdp_params_are_gathered_once_not_at_every_decode_step(fsdp_rollout):
     """With the params sharded over data=8 (mesh.shard_params), the step equals one
     device's, and its compiled decode loop runs no collective: the engine gathers the
-    rollout's params once (sharding.step_hooks' ``whole``), and the update's once. Before,
-    XLA partitioned each decode step's products by the weights' sharding: all-gathers and
-    all-reduces of weights and activations at every step (8 in this loop's body; on 8 GPUs
-    the 12 x 768 model's decode loop ran 11,049 collectives a step)."""
+    rollout's params once (sharding.step_hooks' ``whole``), and the loss's map the update's
+    (sharding.make_member_sum). Before, XLA partitioned each decode step's products by the
+    weights' sharding: all-gathers and all-reduces of weights and activations at every step
+    (8 in this loop's body; on 8 GPUs the 12 x 768 model's decode loop ran 11,049
+    collectives a step)."""
     res = fsdp_rollout
     m = res["meshes"]["(8, 1, True)"]
     assert m["same_metric_keys"] and m["max_metric_diff"] < TOL, m
@@ -179,6 +182,19 @@ def test_fsdp_params_are_gathered_once_not_at_every_decode_step(fsdp_rollout):
     coll = res["step_collectives"]
     assert 0 < coll["all-gather"]["bytes"] < 4 * res["param_bytes"], (coll, res["param_bytes"])
     assert "all-to-all" not in coll, coll
+
+
+def test_fsdp_scatters_the_gradient_onto_its_shards(fsdp_rollout):
+    """With the params sharded over data=8, each update's gradient is reduce-scattered onto
+    the shards: the loss's map gathers the params inside (sharding.make_member_sum), and
+    its transpose is a reduce-scatter. What is still all-reduced (the 1-D leaves, which
+    stay replicated) moves 0.15 of a copy of the params per update. Before, the loss took
+    the params gathered outside and XLA all-reduced the whole gradient: 2.25 copies per
+    update, and no reduce-scatter."""
+    res = fsdp_rollout
+    coll, copies = res["step_collectives"], res["param_bytes"] * res["updates"]
+    assert coll["reduce-scatter"]["count"] > 0, coll
+    assert coll["all-reduce"]["bytes"] < 0.25 * copies, (coll, copies)
 
 
 def test_each_update_sums_its_gradient_over_the_devices_once(env8):
