@@ -148,18 +148,6 @@ def clipped_surrogate(logp, old_logp, advantages, epsilon=0.2, epsilon_high=None
     return -jnp.minimum(unclipped, clipped)
 
 
-def clip_fraction(logp, old_logp, advantages, epsilon=0.2, epsilon_high=None):
-    """1.0 where the clipped term is strictly smaller (its gradient is cut), else 0.0.
-
-    Same arguments and broadcast shape as `clipped_surrogate`; aggregate it with
-    `aggregate(..., "token-mean")` for the usual clip-fraction metric.
-    """
-    ratio = jnp.exp(logp - old_logp)
-    hi = epsilon if epsilon_high is None else epsilon_high
-    clipped = jnp.clip(ratio, 1.0 - epsilon, 1.0 + hi) * advantages
-    return (clipped < ratio * advantages).astype(jnp.result_type(logp, float))
-
-
 def _k1(logp, ref_logp):
     return logp - ref_logp
 
@@ -376,16 +364,11 @@ def all_action_loss(logp_all, returns, scale="none", eps=1e-8, mask=None):
 
 
 def policy_weighted_advantages(returns, pi, scale="none", eps=1e-8, mask=None):
-    """Â(a) = R(a) - Σ_a π̄(a)R(a) over a whole action set, optionally divided by the
-    π̄-weighted std (``group``, per row) or the root of its mean over the rows that have
-    actions (``batch``).
-
-    Args:
-      returns: `[B, A]` R(a) of every action (stop-gradient).
-      pi: `[B, A]` π(a) (stop-gradient; renormalised over ``mask`` for the statistics).
-      mask: optional `[B, A]` bool of actions to include.
-    Returns: `[B, A]` stop-gradient advantages, 0 outside the mask.
-    """
+    """Â(a) = R(a) - Σ_a π̄(a)R(a) over a whole action set (returns `[B, A]`, stop-gradient),
+    divided by the π̄-weighted std per row (``group``) or by the root of its mean over the
+    rows that have actions (``batch``); π̄ = sg(π) renormalised over ``mask`` (optional
+    `[B, A]` bool) for the statistics. Returns `[B, A]` stop-gradient advantages, 0 outside
+    the mask."""
     _check("advantage scale", scale, ADVANTAGE_SCALES)
     adv, var, rows = _centred(returns, pi, mask)
     if scale == "group":
@@ -401,15 +384,14 @@ def _centred(returns, pi, mask):
     mask = jnp.ones(pi.shape, bool) if mask is None else jnp.asarray(mask, bool)
     pi_sg = jax.lax.stop_gradient(jnp.where(mask, pi, 0.0))
     adv = _center(jax.lax.stop_gradient(returns), mask, pi_sg, axis=-1)
-    rows = jnp.any(mask, -1)
-    var = _safe_div(jnp.sum(pi_sg * adv**2, -1), jnp.sum(pi_sg, -1))
-    return adv, jax.lax.stop_gradient(jnp.where(rows, var, 0.0)), rows * 1.0
+    rows, var = jnp.any(mask, -1), _safe_div(jnp.sum(pi_sg * adv**2, -1), jnp.sum(pi_sg, -1))
+    return adv, jnp.where(rows, var, 0.0), rows * 1.0  # all stop-gradient: from π̄ and sg(R)
 
 
 def row_variances(returns, pi, mask=None):
-    """The "batch" scale's pieces, ([B] variances, [B] rows that have actions): the scale is
-    the root of Σ var / Σ rows (scale_by_batch_std; rows without actions would dilute it).
-    Sums, so devices holding different rows add theirs (loss.py's forced parts)."""
+    """The "batch" scale's pieces ([B] variances, [B] 1 where a row has actions; rows without
+    would dilute it): sums, which devices holding different rows add (loss.py's forced
+    parts) before scale_by_batch_std takes the root of Σ var / Σ rows."""
     return _centred(returns, pi, mask)[1:]
 
 

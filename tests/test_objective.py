@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from grpo_jax import objective as obj
+from grpo_jax.loss import clip_terms
 
 SEEDS = (0, 1, 2)
 MODES = ("sequence-mean-token-mean", "token-mean", "sequence-mean-token-sum", "dr-grpo")
@@ -198,7 +199,8 @@ def random_rewards(rng, shape):
 # dispatch on a small shared CPU; test_eager_matches_jit covers the eager path.
 group_advantages = jax.jit(obj.group_advantages, static_argnames=("scale",))
 clipped_surrogate = jax.jit(obj.clipped_surrogate)
-clip_fraction = jax.jit(obj.clip_fraction)
+# TRL's clip_ratio/region_mean per token: where the clipped side is active (loss.clip_terms)
+clip_fraction = jax.jit(lambda *a: clip_terms(*a)[2])
 kl_estimate = jax.jit(obj.kl_estimate, static_argnames=("estimator",))
 exact_kl = jax.jit(obj.exact_kl)
 entropy_from_logits = jax.jit(obj.entropy_from_logits)
@@ -300,7 +302,7 @@ def test_clip_fraction_golden():
     logp = jnp.log(jnp.asarray(r, jnp.float32))
     old = jnp.zeros(7)
     # r=1.5,A>0 capped; r=0.5,A<0 capped; r=1.25 capped at 1.2 but kept at ε_high=0.3.
-    np.testing.assert_array_equal(clip_fraction(logp, old, adv, 0.2), [1, 0, 1, 0, 0, 0, 1])
+    np.testing.assert_array_equal(clip_fraction(logp, old, adv, 0.2, None), [1, 0, 1, 0, 0, 0, 1])
     np.testing.assert_array_equal(clip_fraction(logp, old, adv, 0.2, 0.3), [1, 0, 1, 0, 0, 0, 0])
     loss = clipped_surrogate(logp, old, adv, 0.2)
     np.testing.assert_allclose(loss, [-1.2, 1.5, 0.8, -0.5, -1.0, 0.0, -1.2], rtol=1e-6)
@@ -669,7 +671,7 @@ def test_eager_matches_jit():
     pairs = [
         (obj.group_advantages(r, "batch", 1e-8, m), group_advantages(r, "batch", 1e-8, m)),
         (obj.clipped_surrogate(lp, lq, r, 0.2, 0.3), clipped_surrogate(lp, lq, r, 0.2, 0.3)),
-        (obj.clip_fraction(lp, lq, r), clip_fraction(lp, lq, r)),
+        (clip_terms(lp, lq, r, 0.2, None)[2], clip_fraction(lp, lq, r, 0.2, None)),
         (obj.kl_estimate(lp, lq, "k3"), kl_estimate(lp, lq, "k3")),
         (obj.exact_kl(lp, lq), exact_kl(lp, lq)),
         (obj.entropy_from_logits(lp), entropy_from_logits(lp)),
