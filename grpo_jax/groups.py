@@ -4,9 +4,9 @@ A group mode picks each prompt's members and rolls them out. The result is one o
 ``Part`` s: a *sampled* part (G members with sampled first tokens, the ordinary GRPO group)
 and/or a *forced* part (every member's first token is forced: the whole vocabulary, or a
 guide's candidates). Rewards are not computed here: the engine scores the parts afterwards
-(``scoring.score``), on device or, for Python rewards, on the host between two jitted programs. The
-loss (loss.py) treats the two kinds of part differently at the decision point and alike after
-it.
+(``scoring.score``), on device or, for Python rewards, on the host between two jitted
+programs. The loss (loss.py) treats the two kinds of part differently at the decision point
+and alike after it.
 
 Modes:
   sampled     one sampled part, K = group.size.
@@ -348,14 +348,8 @@ def make_collect(
                 "group/candidates": amask.sum(1).mean(),
             }
             return forced_part(*common, actions, amask, key), info
-        actions, amask, w = guided_candidates(
-            k_guide,
-            guide,
-            g.guide_top_k,
-            g.guide_top_k_confident,
-            g.guide_random,
-            g.entropy_threshold,
-        )
+        sizes = (g.guide_top_k, g.guide_top_k_confident, g.guide_random, g.entropy_threshold)
+        actions, amask, w = guided_candidates(k_guide, guide, *sizes)
         info = {"guided_candidates": amask.sum(1).mean()}
         return forced_part(*common, actions, amask, key, w), info
 

@@ -212,18 +212,21 @@ def make_loss(
 
     def decision_inputs(part: Part, old_logp):
         """What the decision point reads per prompt (split over ``data`` with the prompts):
-        the forced actions and their data, and the weights of its batch aggregates
-        (agg_weights), so each device's rows add their exact share of them."""
+        the forced actions, the data its estimator reads, and the weights of its batch
+        aggregates (agg_weights), so each device's rows add their exact share of them."""
         prompt_w = part.action_mask.max(1)  # prompts whose group counts
-        return {
+        d = {
             "actions": part.actions,
-            "mask": part.action_mask,
-            "returns": part.action_returns,
-            "weights": part.action_weights,
             "ref_first": part.ref_first,
+            "w_rows": agg_weights(prompt_w, "token-mean"),
+        }
+        if gr.exhaustive_estimator == "expected":
+            mask, returns = part.action_mask, part.action_returns
+            return {**d, "mask": mask, "returns": returns, "weights": part.action_weights}
+        return {
+            **d,
             "old": old_logp[:, ::n_cont, 0],  # members repeat each action n_cont times
             "adv": part.advantages[:, ::n_cont, 0],
-            "w_rows": agg_weights(prompt_w, "token-mean"),
             "w_act": agg_weights(part.action_mask),
             "wm_act": agg_weights(part.action_mask, "token-mean"),
         }
