@@ -84,7 +84,7 @@ def make_loss(
     estimators, which run the reference inside the loss). ``member_sum(fn, shared,
     per_prompt, *member_args)`` (sharding.make_member_sum) splits the members' training
     forward, and their prompts' prefill, over the mesh."""
-    member_sum = member_sum or (lambda fn, *args: fn(*args))
+    member_sum = member_sum or (lambda fn, *args: fn(*args))  # no mesh, or one device
     gr, sp = spec, group.sampling
     has_reference = reference is not None
     # the decision point's KL is exact over V whatever the estimator; its direction follows it

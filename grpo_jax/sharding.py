@@ -193,14 +193,11 @@ def make_member_map(mesh: Mesh):
     per-token log-probs (groups.make_reference_terms). ``shared`` is whole on every member
     device, as is what ``fn`` closes over (the rollout's params and prompt cache); indexing a
     closed-over array inside the map fails in jax 0.10 (its sharding's mesh is not the
-    map's), so the n-gram reference's tables come in ``shared``. The padding members (token
-    0, zero uniforms) are sliced off the outputs."""
+    map's), so the n-gram reference's tables come in ``shared``. Padding: token 0, uniform 0."""
 
     def member_map(fn, *member_args, shared=()):
-        out = _shard_members(
-            mesh, lambda sh, _, *a: fn(*sh, *a), (tuple(shared), ()), member_args, None
-        )
-        return jax.tree.map(lambda x: x[:, : member_args[0].shape[1]], out)
+        run = lambda sh, _, *a: fn(*sh, *a)
+        return _shard_members(mesh, run, (tuple(shared), ()), member_args, None)
 
     return member_map
 
@@ -210,15 +207,15 @@ def _shard_members(mesh: Mesh, fn, inputs, member_args: tuple, rows, summed=Fals
     and over ``data`` too when ``rows`` is "data" (else it stays automatic); its outputs per
     member, [B, K, ...] (``summed``: a sum, then those). ``inputs`` = (shared: whole, or as
     the specs ``shared`` say; per_prompt: axis 0 split over ``rows``); the member args' axis
-    1 is zero-padded to a multiple of the member axis and split. The scans inside start
-    their carry device-invariant (a zeroed cache) and end it per device; vma typing would
-    demand pcasts inside them, and the outputs are what the specs say: ``check_vma`` off."""
+    1 is zero-padded to a multiple of the member axis, split, and the padding cut off the
+    outputs. Scans inside start their carry device-invariant (a zeroed cache) and end it per
+    device; vma typing would demand pcasts there, and the outputs are as the specs say."""
     nv = mesh.shape["member"]
     padded = (
         jnp.pad(a, [(0, 0), (0, -a.shape[1] % nv)] + [(0, 0)] * (a.ndim - 2)) for a in member_args
     )
     per_member, shared = P(rows, "member"), P() if shared is None else shared
-    return jax.shard_map(
+    out = jax.shard_map(
         fn,
         mesh=mesh,
         in_specs=(shared, P(rows), *(per_member for _ in member_args)),
@@ -226,6 +223,8 @@ def _shard_members(mesh: Mesh, fn, inputs, member_args: tuple, rows, summed=Fals
         axis_names=frozenset({"member"} if rows is None else AXES),
         check_vma=False,
     )(*inputs, *padded)
+    cut = lambda tree: jax.tree.map(lambda x: x[:, : member_args[0].shape[1]], tree)
+    return (out[0], cut(out[1])) if summed else cut(out)
 
 
 def make_member_sum(mesh: Mesh, shard_params: bool = False):
@@ -242,7 +241,8 @@ def make_member_sum(mesh: Mesh, shard_params: bool = False):
     the params (``shared[0]``) come in sharded as the state holds them and are gathered
     inside the map, behind an optimization barrier (without it XLA:TPU moved the gathers
     into the loops: a v5e-8, 7,747 a step), so the transpose of that gather sums their
-    gradient onto the sharded layout (a reduce-scatter), not into a whole copy on each."""
+    gradient onto the sharded layout (a reduce-scatter), not into a whole copy on each.
+    On one device: None (nothing to split; loss.make_loss runs ``fn`` directly)."""
     nv, d = mesh.shape["member"], mesh.shape["data"]
 
     def member_sum(fn, shared, per_prompt, *member_args):
@@ -259,9 +259,9 @@ def make_member_sum(mesh: Mesh, shard_params: bool = False):
 
         inputs = (shared, per_prompt)
         (j, once), aux = _shard_members(mesh, run, inputs, member_args, "data", True, specs)
-        return j, once, jax.tree.map(lambda x: x[:, : member_args[0].shape[1]], aux)
+        return j, once, aux
 
-    return member_sum if mesh.size > 1 else (lambda fn, *args: fn(*args))  # nothing to split
+    return member_sum if mesh.size > 1 else None  # one device: nothing to split
 
 
 def _gather_data(x, spec: P):
@@ -280,7 +280,7 @@ class StepHooks(NamedTuple):
 
     member_map: Any  # per-member work over ``member``: the rollout and π_ref's log-probs
     shard_batch: Any  # tree -> tree with the prompt (row) axis constrained to P("data")
-    member_sum: Any  # the loss's member loop (loss.make_loss)
+    member_sum: Any  # the loss's member loop (loss.make_loss); None: one device, no map
     # a sub-batch's prompt count (adaptive's forced part) is padded to a multiple of ``data``:
     # GSPMD's own padding of an uneven split leaked NaN into the gradients
     batch_multiple: int = 1
