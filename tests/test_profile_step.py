@@ -98,6 +98,7 @@ def test_summary_adds_up_and_the_markdown_names_every_stage(profiled):
     md = P.markdown(res)
     for stage in res["by_stage"]:
         assert f"| {stage} |" in md
+    assert "The costliest source ops of each stage (3 per stage), every layer's" in md
     assert "67 % of the matmul FLOPs" in md
 
 
@@ -356,7 +357,8 @@ def test_the_rollouts_scan_is_a_decode_loop_on_a_cpu_too(profiled):
 
 def test_one_op_sums_over_its_layers_and_loop_segments():
     """by_op: the same model op in every layer and in each decode segment's loop body is one
-    row (its instructions counted), kept apart by kind and stage, costliest first."""
+    row (its instructions counted), kept apart by kind and stage, costliest first; ``top``
+    rows of each stage, so a stage whose ops all cost less than another's keeps its own."""
     values = "jit(fused)/rollout/while/body/eval_jaxpr/Transformer.decode/blocks_{}/bghts,bghsd->bgthd/dot_general"  # noqa: E501
     assert P.source_op(values.format(11)) == (
         "rollout/Transformer.decode/blocks_*/bghts,bghsd->bgthd/dot_general"
@@ -368,10 +370,13 @@ def test_one_op_sums_over_its_layers_and_loop_segments():
         "input_reduce_fusion.2": info(values.format(1), ["multiply", "reduce"]),
         "input_reduce_fusion.3": info(values.format(1).replace("eval_jaxpr/", ""), ["reduce"]),
         "loop_add_fusion.4": info("jit(fused)/update/optimizer/add", ["add"]),
+        "loop_exp_fusion.5": info(values.format(0).replace("bghts", "exp"), ["exponential"]),
     }
     times = {"input_reduce_fusion.1": (2.0, 64), "input_reduce_fusion.2": (3.0, 64),
-             "input_reduce_fusion.3": (1.5, 32), "loop_add_fusion.4": (4.0, 1)}  # fmt: skip
-    res = P.summarise(instrs, (times, {"events_per_step": 0}), 1e-2, top=5)
+             "input_reduce_fusion.3": (1.5, 32), "loop_add_fusion.4": (4.0, 1),
+             "loop_exp_fusion.5": (5.0, 64)}  # fmt: skip
+    # top=1: the decode loop's second op (5.0) goes, the optimizer's only one (4.0) stays
+    res = P.summarise(instrs, (times, {"events_per_step": 0}), 1e-2, top=1)
     assert res["by_op"] == [
         dict(op=P.source_op(values.format(0)), kind="reduction", stage="rollout: decode loop",
              thunk_ms=6.5, instructions=3),
