@@ -20,7 +20,7 @@ points (each once, the rest uniform at random), written to a temporary file that
 ``config.data.path`` names; the task's ids are then uniform random in [0, V).
 ``group.vocab_chunk`` bounds the rollout (members decoded that many at a time) and
 ``group.loss_chunk`` the loss's training forward over the continuations (members in chunks,
-each chunk's gradient taken after its forward; see rollout.accumulated). The model is the plain
+each chunk's gradient taken after its forward; see chunking.accumulated). The model is the plain
 config's (4 layers, 4 heads, width 128 unless overridden), B=8, context 100, horizon 70. A run
 is ``V``, ``V:chunk`` or ``V:chunk:loss_chunk`` (a bare V takes its chunks from ``--chunk_for_v``;
 unlisted: 0 = all V actions at once; loss_chunk 0 = the rollout's chunk).

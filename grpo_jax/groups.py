@@ -48,7 +48,7 @@ from typing import Any, NamedTuple
 import jax
 import jax.numpy as jnp
 
-from grpo_jax import candidates, objective
+from grpo_jax import candidates, chunking, objective
 from grpo_jax import rollout as ro
 from grpo_jax.policy import Policy, Reference, TokenPrompts, rollout
 from grpo_jax.specs import GroupSpec
@@ -236,7 +236,7 @@ def make_reference_terms(
         return out
 
     def local(ref_state, context, prompts, tokens):
-        return ro.chunked(lambda t: one_chunk(ref_state, context, prompts, t), chunk, tokens)
+        return chunking.chunked(lambda t: one_chunk(ref_state, context, prompts, t), chunk, tokens)
 
     def ref_terms(ref_state, context, prompts, tokens):
         if member_map is None:

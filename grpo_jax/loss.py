@@ -28,7 +28,7 @@ unless a reward term already asked for them (groups.Part.ref_logp), which the lo
 
 Memory: a sampled part's tokens and a forced part's continuation tokens run their training
 forward ``group.loss_chunk`` members at a time (default: the rollout's ``group.vocab_chunk``),
-each chunk's gradient taken right after its forward and summed (rollout.accumulated), so the
+each chunk's gradient taken right after its forward and summed (chunking.accumulated), so the
 [B, K, T, V] logits and the activations of a whole group never exist at once and nothing is
 recomputed (see sampled_loss, continuation_terms).
 
@@ -43,9 +43,10 @@ import jax
 import jax.numpy as jnp
 
 from grpo_jax import candidates, objective
+from grpo_jax.chunking import accumulated
 from grpo_jax.groups import Part
 from grpo_jax.policy import Policy, Reference, continue_logits
-from grpo_jax.rollout import accumulated, tempered_logp, token_logp
+from grpo_jax.rollout import tempered_logp, token_logp
 from grpo_jax.specs import GroupSpec, ObjectiveSpec
 
 entropy = objective.entropy_from_logits
@@ -248,11 +249,12 @@ def make_loss(
                 pi = jax.lax.stop_gradient(jnp.exp(lp_first))
                 q = (d["actions"], d["mask"], d["weights"], d["returns"])
                 logp_set, values, mask = lp_first, candidates.hierarchical_values(pi, *q), None
-            scale = "none" if batch_scale else gr.advantage_scale
-            s = {"pg": rows(objective.all_action_loss(logp_set, values, scale=scale, mask=mask))}
-            if batch_scale:
-                var, has = objective.row_variances(values, jnp.exp(logp_set), mask)
-                s["var"], s["var_rows"] = jnp.sum(var), jnp.sum(has)
+            if batch_scale:  # unscaled, with the variance's sums
+                pg, var, has = objective.all_action_terms(logp_set, values, mask)
+                s = {"pg": rows(pg), "var": jnp.sum(var), "var_rows": jnp.sum(has)}
+            else:
+                pg = objective.all_action_loss(logp_set, values, gr.advantage_scale, mask=mask)
+                s = {"pg": rows(pg)}
         else:
             old = jnp.where(first_iter, jax.lax.stop_gradient(lp_act), d["old"])
             args = (lp_act, old, d["adv"], eps, eps_high)

@@ -1,12 +1,11 @@
 """The GRPO objective as small pure, jittable functions.
 
-Symbols follow the papers: DeepSeekMath GRPO (Shao et al. 2024) for group
-advantages Â and the k3 KL estimator, PPO (Schulman et al. 2017) for the clipped
-ratio surrogate, DAPO (Yu et al. 2025) for decoupled clipping ε_low/ε_high and
-token-mean aggregation, Dr.GRPO (Liu et al. 2025) for the unscaled advantage and
-the constant-normaliser aggregation.  Shapes: B prompts, G group members, T tokens
-per completion (the static, padded maximum completion length), V vocabulary
-(actions).  String options are static: pass them through
+Symbols follow the papers: DeepSeekMath GRPO (Shao et al. 2024) for group advantages Â and
+the k3 KL estimator, PPO (Schulman et al. 2017) for the clipped ratio surrogate, DAPO (Yu et
+al. 2025) for decoupled clipping ε_low/ε_high and token-mean aggregation, Dr.GRPO (Liu et
+al. 2025) for the unscaled advantage and the constant-normaliser aggregation. Shapes: B
+prompts, G group members, T tokens per completion (the static, padded maximum completion
+length), V vocabulary (actions). String options are static: pass them through
 `jax.jit(..., static_argnames=...)`.
 
 Variable-length completions are padded to T and described by a token mask.  A
@@ -348,34 +347,42 @@ def all_action_loss(logp_all, returns, scale="none", eps=1e-8, mask=None):
     Args:
       logp_all: `[B, V]` log π_θ(a|s) for every action a.
       returns: `[B, V]` R(a), return of forcing a (treated as stop-gradient).
-      scale: "none" (default), "group" (divide Â by the π-weighted std
-        sqrt(Σ_a π̄(a)Â(a)²) + eps per row) or "batch" (by the root of the
-        mean of those variances over the rows that have actions + eps).
-      mask: optional `[B, V]` bool of actions to include.  π is restricted to the
-        mask without renormalising in the loss; the baseline and std use π̄
-        renormalised over the mask.  With a partial mask the gradient is that of
-        -Σ_{a∈M} π(a)(R(a) - b).
+      scale: "none" (default), "group" (Â / (sqrt(Σ_a π̄(a)Â(a)²) + eps) per row) or
+        "batch" (by the root of those variances' mean over the rows with actions, + eps).
+      mask: optional `[B, V]` bool of actions to include: π is restricted to it without
+        renormalising in the loss, the baseline and std use π̄ renormalised over it; the
+        gradient is that of -Σ_{a∈M} π(a)(R(a) - b).
     Returns: `[B]` per-row loss (its value is ~0 by construction; use its gradient).
     """
+    return _scaled(*all_action_terms(logp_all, returns, mask), scale, eps)
+
+
+def all_action_terms(logp_all, returns, mask=None):
+    """all_action_loss unscaled and its scales' pieces ([B] each: -Σ_a π_θ(a)Â(a), the row's
+    π̄-weighted variance of Â, 1 where it has actions): devices holding different rows add
+    them (loss.py's forced parts) before scale_by_batch_std divides by √(Σ var / Σ rows)."""
     mask = jnp.ones(logp_all.shape, bool) if mask is None else jnp.asarray(mask, bool)
     pi = jnp.where(mask, jnp.exp(logp_all), 0.0)
-    adv = policy_weighted_advantages(returns, pi, scale, eps, mask)
-    return -jnp.sum(pi * adv, axis=-1)
+    adv, var, rows = _centred(returns, pi, mask)
+    return -jnp.sum(pi * adv, axis=-1), var, rows
 
 
 def policy_weighted_advantages(returns, pi, scale="none", eps=1e-8, mask=None):
-    """Â(a) = R(a) - Σ_a π̄(a)R(a) over a whole action set (returns `[B, A]`, stop-gradient),
-    divided by the π̄-weighted std per row (``group``) or by the root of its mean over the
-    rows that have actions (``batch``); π̄ = sg(π) renormalised over ``mask`` (optional
-    `[B, A]` bool) for the statistics. Returns `[B, A]` stop-gradient advantages, 0 outside
-    the mask."""
+    """Â(a) = R(a) - Σ_a π̄(a)R(a) over a whole action set (returns `[B, A]`), scaled as
+    all_action_loss's; π̄ = sg(π) renormalised over ``mask`` (optional `[B, A]` bool) for
+    the statistics. Returns `[B, A]` stop-gradient advantages, 0 outside the mask."""
+    return jax.lax.stop_gradient(_scaled(*_centred(returns, pi, mask), scale, eps))
+
+
+def _scaled(x, var, rows, scale, eps):
+    """x ([B, ...]) divided by its row's std sqrt(var) + eps ("group": a constant of the row,
+    so a row's sum divides alike) or by √(Σ var / Σ rows) + eps ("batch"); as is ("none")."""
     _check("advantage scale", scale, ADVANTAGE_SCALES)
-    adv, var, rows = _centred(returns, pi, mask)
     if scale == "group":
-        adv = _safe_div(adv, jnp.sqrt(var)[..., None] + eps)
-    elif scale == "batch":
-        adv = scale_by_batch_std(adv, jnp.sum(var), jnp.sum(rows), eps)
-    return jax.lax.stop_gradient(adv)
+        return _safe_div(x, jnp.sqrt(var).reshape(var.shape + (1,) * (x.ndim - 1)) + eps)
+    if scale == "batch":
+        return scale_by_batch_std(x, jnp.sum(var), jnp.sum(rows), eps)
+    return x
 
 
 def _centred(returns, pi, mask):
@@ -388,13 +395,6 @@ def _centred(returns, pi, mask):
     return adv, jnp.where(rows, var, 0.0), rows * 1.0  # all stop-gradient: from π̄ and sg(R)
 
 
-def row_variances(returns, pi, mask=None):
-    """The "batch" scale's pieces ([B] variances, [B] 1 where a row has actions; rows without
-    would dilute it): sums, which devices holding different rows add (loss.py's forced
-    parts) before scale_by_batch_std takes the root of Σ var / Σ rows."""
-    return _centred(returns, pi, mask)[1:]
-
-
 def scale_by_batch_std(x, var_sum, rows, eps=1e-8):
-    """x / (sqrt(var_sum / rows) + eps), 0 where that is undefined (row_variances' sums)."""
+    """x / (sqrt(var_sum / rows) + eps), 0 where that is undefined (all_action_terms' sums)."""
     return _safe_div(x, jnp.sqrt(_safe_div(var_sum, rows)) + eps)

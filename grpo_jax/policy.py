@@ -27,6 +27,7 @@ from typing import Any, NamedTuple
 import jax
 import jax.numpy as jnp
 
+from grpo_jax import chunking
 from grpo_jax import rollout as ro
 from grpo_jax.model import Transformer
 from grpo_jax.objective import entropy_from_logits
@@ -184,7 +185,7 @@ def rollout(
         lp0 = jnp.take_along_axis(logp0, first, axis=1)
     ent0 = jnp.broadcast_to(entropy_from_logits(logp0)[:, None], first.shape)
     complete = lambda f, uu: policy.complete(params, state, prompts, f, uu)
-    run = lambda f, uu: ro.chunked(complete, chunk, f, uu)
+    run = lambda f, uu: chunking.chunked(complete, chunk, f, uu)
     tokens, lps, ents, mask = (member_map or (lambda f, *a: f(*a)))(run, first, u)
     logp = jnp.concatenate([lp0[..., None], lps], axis=-1)
     return tokens, logp, jnp.concatenate([ent0[..., None], ents], axis=-1), mask
