@@ -14,7 +14,7 @@ rerun, so a stopped script resumes and --report_only only reads):
   3. GRPO from gen against judge, one run per seed       ROOT/grpo_s{seed}
   --baseline adds one GRPO run (seed 0) with the previous GRPO defaults (BASELINE_GRPO)
   against the same judge (ROOT/grpo_base).
-Then fill_in.single_char_optimum: the exact per-window optimum of the GRPO objective on
+Then fill_in_eval.single_char_optimum: the exact per-window optimum of the GRPO objective on
 held-out single-char spans (what a perfect optimiser of the same judge would reach).
 
 The step-0 row of every GRPO table is the supervised generator evaluated by the same
@@ -36,7 +36,6 @@ import time
 from pathlib import Path
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 from fill_in_report import (
     REWARD,
@@ -51,10 +50,9 @@ from fill_in_report import (
 
 from grpo_jax import checkpoint as ckpt_lib
 from grpo_jax import config_blocks, integrity, trainer
-from grpo_jax import data as data_lib
 from grpo_jax import judge as judge_lib
 from grpo_jax.metric_writers import read_metrics
-from grpo_jax.tasks import build_task, fill_in
+from grpo_jax.tasks import build_task, fill_in, fill_in_eval
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIG = "configs/fill_in.py"
@@ -115,18 +113,16 @@ def step0_eval(cfg_flags, gen: Path, judge: Path, config=CONFIG):
 
 
 def optimum_diagnostic(gen: Path, judge: Path, policies, num_windows=2048, config=CONFIG):
-    """fill_in.single_char_optimum with the committed config, the GRPO judge and policies."""
+    """fill_in_eval.single_char_optimum with the committed config, the GRPO judge and policies."""
     cfg = load_config(config=config)
     cfg.judge.checkpoint = str(judge)
-    chars, length = data_lib.load_corpus(cfg.data).vocab.chars, cfg.data.window_len
-    v, vocab = len(chars), data_lib.Vocab(chars + cfg.data.mask_char)  # as fill_in.load_setup
-    judge = judge_lib.make_judge_model(cfg.judge, v, length)
-    judge_params = judge_lib.load_judge(cfg, judge, vocab)
-    zeros = jnp.zeros((1, length), jnp.int32)
-    template = fill_in.make_generator(cfg, v).init(jax.random.PRNGKey(0), zeros)["params"]
-    load = lambda path: ckpt_lib.load_params(str(path), template, integrity.run_identity(vocab))
+    s = fill_in.load_setup(cfg)
+    judge_params = judge_lib.load_judge(cfg, s.judge_model, s.vocab)
+    template = fill_in.init_fn(s.generator, cfg.data.window_len)(jax.random.PRNGKey(0))
+    identity = integrity.run_identity(s.vocab)
+    load = lambda path: ckpt_lib.load_params(str(path), template, identity)
     pols = [load(p) for p in policies]
-    return fill_in.single_char_optimum(cfg, load(gen), judge_params, pols, num_windows)
+    return fill_in_eval.single_char_optimum(cfg, s, load(gen), judge_params, pols, num_windows)
 
 
 def grpo_summary(workdir: Path, step0: dict, window: int, keys):

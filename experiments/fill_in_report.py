@@ -235,7 +235,7 @@ def verdict(runs, seeds, opt, base, ab, keys):
         named.append(f"old GRPO defaults {fmt(pol[-1])} ({pol[-1] - ref:+.4f})")
     md.append(
         f"* Exact optimum of the same objective on {opt['num_windows']} held-out single-char "
-        f"spans (z_ref + (T/β)·r over all V fills, `fill_in.single_char_optimum`): reference "
+        f"spans (z_ref + (T/β)·r over all V fills, `fill_in_eval.single_char_optimum`): reference "
         f"greedy {fmt(ref)}, optimum {fmt(opt['optimum'])} ({opt['optimum'] - ref:+.4f}); "
         f"final policies {', '.join(named)}."
     )

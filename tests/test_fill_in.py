@@ -1,5 +1,6 @@
 """Fill-in with a judge: refusal checks, judge training, frozen judge/reference, metrics."""
 
+import functools
 from pathlib import Path
 
 import jax
@@ -15,7 +16,7 @@ from grpo_jax.config_blocks import load_config
 from grpo_jax.encoder import Encoder
 from grpo_jax.engine import STEP_METRICS as TRAIN_STEP_METRICS
 from grpo_jax.metric_writers import read_metrics
-from grpo_jax.tasks import build_task, fill_in
+from grpo_jax.tasks import build_task, fill_in, fill_in_eval
 from grpo_jax.train_state import TrainState
 
 pytestmark = pytest.mark.usefixtures("fast_compiles")  # conftest.py
@@ -359,16 +360,16 @@ def test_single_char_optimum_sits_between_reference_and_judge(shakespeare_path, 
     reference; beta -> inf keeps every reference fill; beta -> 0 follows the judge, whose
     argmax differs from the reference's somewhere (else the diagnostic would show nothing)."""
     cfg = fill_config(shakespeare_path, judge_dir)
-    v = 65
-    gen = fill_in.make_generator(cfg, v)
-    zeros = jnp.zeros((1, cfg.data.window_len), jnp.int32)
-    ref = ckpt_lib.load_params(gen_dir, gen.init(jax.random.PRNGKey(0), zeros)["params"])
+    s = fill_in.load_setup(cfg)
+    template = fill_in.init_fn(s.generator, cfg.data.window_len)(jax.random.PRNGKey(0))
+    ref = ckpt_lib.load_params(gen_dir, template)
     jparams = ckpt_lib.load_params(judge_dir, captured_template(cfg))
-    out = fill_in.single_char_optimum(cfg, ref, jparams, [ref], num_windows=48)
+    optimum = functools.partial(fill_in_eval.single_char_optimum, cfg, s, ref, jparams)
+    out = optimum([ref], num_windows=48)
     assert out["num_windows"] == 48 and out["policies"] == [out["reference"]]
     assert 0.0 <= out["optimum"] <= 1.0
     cfg.grpo.beta = 1e9
-    weak = fill_in.single_char_optimum(cfg, ref, jparams, (), 48)
+    weak = optimum((), 48)
     assert weak["optimum_changed"] == 0.0 and weak["optimum"] == out["reference"]
     cfg.grpo.beta = 1e-9
-    assert fill_in.single_char_optimum(cfg, ref, jparams, (), 48)["optimum_changed"] > 0.0
+    assert optimum((), 48)["optimum_changed"] > 0.0

@@ -7,12 +7,11 @@ head="tokens") reads the masked window and outputs a distribution over the V rea
 every position; a group member fills *all* masked positions in one step by sampling them.
 The reward is the frozen judge's window logit of the filled window (``judge.reward=logit``)
 or its sigmoid, the probability that the window is real (``prob``); nothing else (never the
-original text). The KL is exact,
-per masked position, to the frozen reference generator (the initial generator: ``init_from``
-or a fresh init). The step is the one engine's (grpo_jax/single_step.py adapts the generator:
-a member's completion is its span's chars), so metric names match the other tasks'; the
-zero-weight term ``fill_accuracy`` logs the share of sampled chars equal to the original as
-``rewards/fill_accuracy/mean``.
+original text). The KL is exact, per masked position, to the frozen reference generator (the
+initial generator: ``init_from`` or a fresh init). The step is the one engine's
+(grpo_jax/single_step.py adapts the generator: a member's completion is its span's chars), so
+metric names match the other tasks'; the zero-weight term ``fill_accuracy`` logs the share of
+sampled chars equal to the original as ``rewards/fill_accuracy/mean``.
 
 Modes: ``train_judge`` trains the judge (judge.py) in its own workdir, its "generator"
 negatives sampled by the frozen supervised generator of ``judge.negatives_from`` (a
@@ -22,7 +21,8 @@ masked positions), the usual ``init_from`` of a GRPO run and then its frozen ref
 ``train`` loads the judge from ``judge.checkpoint`` and runs GRPO; ``eval`` evaluates the
 latest generator checkpoint.
 
-Held-out metrics (fixed val windows and spans): grpo_jax/tasks/fill_in_eval.py.
+Held-out metrics (fixed val windows and spans) and the exact single-char optimum of the
+objective, a diagnostic for experiments: grpo_jax/tasks/fill_in_eval.py.
 """
 
 from collections.abc import Callable
@@ -321,49 +321,6 @@ def make_judge_reward(judge_model, kind: str):
         return jax.nn.sigmoid(logit) if kind == "prob" else logit
 
     return judge_reward
-
-
-def single_char_optimum(config, ref_params, judge_params, policies=(), num_windows=1024):
-    """Greedy fill accuracy on held-out single-char spans of: the reference generator, the
-    exact per-window KL-regularised optimum of the GRPO objective, z_ref + (T / beta) · r with
-    r the judge's reward of each of the V fills (what a perfect optimiser of the same judge
-    would reach), and each of ``policies`` (param trees), on the same windows;
-    ``optimum_changed`` is the share of windows where the optimum's fill differs from the
-    reference's.
-
-    A diagnostic for experiments (V judge passes per window), not a training metric."""
-    corpus = data_lib.load_corpus(config.data)
-    v, length = corpus.vocab.size, config.data.window_len
-    windows = jnp.asarray(fill_in_eval.heldout_windows(corpus, num_windows, length))
-    n = len(windows)
-    key = jax.random.PRNGKey(int(config.eval.seed) + 7)  # not the eval spans' key
-    pos = jax.random.randint(key, (n,), 0, length)
-    rows = jnp.arange(n)
-    masked = windows.at[rows, pos].set(v)  # the mask token
-    original = windows[rows, pos]
-    generator = make_generator(config, v)
-    judge_model = judge_lib.make_judge_model(config.judge, v, length)
-    judge_reward = make_judge_reward(judge_model, config.judge.reward)
-
-    def fill_rewards(window_and_pos):  # [L], () -> [V]: the judge's reward of every fill
-        window, p = window_and_pos
-        filled = jnp.broadcast_to(window, (v, length)).at[jnp.arange(v), p].set(jnp.arange(v))
-        return judge_reward(judge_params, filled)
-
-    # V judge passes per window, 64 windows at a time (memory)
-    r = jax.jit(lambda w, p: jax.lax.map(fill_rewards, (w, p), batch_size=64))(windows, pos)
-    logits = jax.jit(lambda p: generator.apply({"params": p}, masked)[rows, pos])
-    accuracy = lambda z: float(jnp.mean(jnp.argmax(z, -1) == original))
-    strength = float(config.group.temperature) / float(config.grpo.beta)
-    z_ref = logits(ref_params)
-    z_opt = z_ref + strength * r
-    return {
-        "num_windows": n,
-        "reference": accuracy(z_ref),
-        "optimum": accuracy(z_opt),
-        "optimum_changed": float(jnp.mean(jnp.argmax(z_opt, -1) != jnp.argmax(z_ref, -1))),
-        "policies": [accuracy(logits(p)) for p in policies],
-    }
 
 
 def load_generator(path: str, template, vocab):

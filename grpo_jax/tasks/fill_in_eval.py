@@ -9,6 +9,9 @@ The windows are the val split's (``heldout_windows``); the spans are drawn once 
   eval/pass_at_k              P(one of k sampled fills restores the whole span), exact
   eval/judge_reward           the judge's reward of the greedy fills
   eval/judge_reward_original  the judge's reward of the original windows (a ceiling)
+
+``single_char_optimum`` is not a training metric: it scores, on single-char spans, the
+policy a perfect optimiser of the objective would reach against the same judge.
 """
 
 import jax
@@ -81,3 +84,42 @@ def make_evaluate(config, generator, masked_input, judge_reward, judge_params, w
         return scalars, {"samples": "\n".join(lines), "summary": ""}
 
     return evaluate
+
+
+def single_char_optimum(config, s, ref_params, judge_params, policies=(), num_windows=1024):
+    """Greedy fill accuracy on held-out single-char spans of: the reference generator, the
+    exact per-window KL-regularised optimum of the GRPO objective, z_ref + (T / beta) · r with
+    r the judge's reward of each of the V fills (what a perfect optimiser of the same judge
+    would reach), and each of ``policies`` (param trees), on the same windows;
+    ``optimum_changed`` is the share of windows where the optimum's fill differs from the
+    reference's. ``s`` is the task's ``fill_in.load_setup(config)`` (corpus and models).
+
+    A diagnostic for experiments (V judge passes per window), not a training metric."""
+    v, length = s.v, config.data.window_len
+    windows = jnp.asarray(heldout_windows(s.corpus, num_windows, length))
+    n = len(windows)
+    key = jax.random.PRNGKey(int(config.eval.seed) + 7)  # not the eval spans' key
+    pos = jax.random.randint(key, (n,), 0, length)
+    rows = jnp.arange(n)
+    masked = windows.at[rows, pos].set(s.mask_id)
+    original = windows[rows, pos]
+
+    def fill_rewards(window_and_pos):  # [L], () -> [V]: the judge's reward of every fill
+        window, p = window_and_pos
+        filled = jnp.broadcast_to(window, (v, length)).at[jnp.arange(v), p].set(jnp.arange(v))
+        return s.judge_reward(judge_params, filled)
+
+    # V judge passes per window, 64 windows at a time (memory)
+    r = jax.jit(lambda w, p: jax.lax.map(fill_rewards, (w, p), batch_size=64))(windows, pos)
+    logits = jax.jit(lambda p: s.generator.apply({"params": p}, masked)[rows, pos])
+    accuracy = lambda z: float(jnp.mean(jnp.argmax(z, -1) == original))
+    strength = float(config.group.temperature) / float(config.grpo.beta)
+    z_ref = logits(ref_params)
+    z_opt = z_ref + strength * r
+    return {
+        "num_windows": n,
+        "reference": accuracy(z_ref),
+        "optimum": accuracy(z_opt),
+        "optimum_changed": float(jnp.mean(jnp.argmax(z_opt, -1) != jnp.argmax(z_ref, -1))),
+        "policies": [accuracy(logits(p)) for p in policies],
+    }
