@@ -9,12 +9,12 @@ SETTING_FIELDS of the config it ran), so a record renders as it was measured wha
 config says today.
 
 Train metrics carry the trainer's (TRL's) names, ``reward`` and ``rewards/fill_accuracy/mean``.
-Summaries and workdirs from before the engine refactor (the committed fill_in.json among
-them) carry the old ``reward_mean`` and ``sample_fill_accuracy``, and ``eval/pass@k`` for
-``eval/pass_at_k``: ``markdown`` renames the eval ones (metric_writers.current_names, the same
-metrics) and keeps the train ones (``train_names``: the old fill accuracy was defined
-otherwise), so an old summary still renders. The runner stores train metrics as the
-workdir logged them, so the same holds for a summary of an old workdir.
+Summaries and workdirs from before the engine refactor (the fill_in.json committed until
+2026-11-29 among them) carry the old ``reward_mean`` and ``sample_fill_accuracy``, and
+``eval/pass@k`` for ``eval/pass_at_k``: ``markdown`` renames the eval ones
+(metric_writers.current_names, the same metrics) and keeps the train ones (``train_names``: the
+old fill accuracy was defined otherwise), so an old summary still renders. The runner stores
+train metrics as the workdir logged them, so the same holds for a summary of an old workdir.
 """
 
 from pathlib import Path

@@ -58,8 +58,9 @@ def accumulated(fn, chunk: int, diff, *member_args):
     loss's coefficients live in ``fn``). So one chunk's activations exist at a time, as
     with ``jax.checkpoint``, but the forward runs once per chunk, not twice. ``aux`` (the
     metrics, the log-probs) carries no gradient. ``fn`` must read the differentiated values
-    through ``diff`` only. Unchunked (chunk 0 or >= K), ``fn`` runs once under plain
-    autodiff."""
+    through ``diff`` only. The last slice's padding members (member_chunks) run, but their j
+    enters neither the sum nor the gradient, so ``fn`` need not vanish on an all-zero
+    member. Unchunked (chunk 0 or >= K), ``fn`` runs once under plain autodiff."""
     k = member_args[0].shape[1]
     if chunk <= 0 or chunk >= k:
         j, aux = fn(diff, *member_args)
@@ -71,6 +72,7 @@ def accumulated(fn, chunk: int, diff, *member_args):
     dtypes = [x.dtype for x in live]
     split, merge = member_chunks(k, chunk)
     slices = tuple(split(a) for a in member_args)
+    real = split(jnp.ones((1, k), jnp.float32))  # [n, 1, c]: 0 on the padding members
 
     def rebuild(live):  # the differentiated leaves back among the fixed (integer) ones
         it = iter(live)
@@ -78,16 +80,21 @@ def accumulated(fn, chunk: int, diff, *member_args):
 
     def run(live, with_grad: bool):
         def body(acc, xs):
+            xs, real = xs
             f = lambda live: fn(rebuild(live), *xs)
             if not with_grad:
                 j, aux = f(live)
-                return acc, (jnp.sum(j), aux)
+                return acc, (jnp.sum(j * real.astype(j.dtype)), aux)
             j, vjp, aux = jax.vjp(f, live, has_aux=True)
-            (g,) = vjp(jnp.ones_like(j))
-            return [a + x.astype(a.dtype) for a, x in zip(acc, g, strict=True)], (jnp.sum(j), aux)
+            w = jnp.broadcast_to(real, j.shape).astype(j.dtype)
+            (g,) = vjp(w)  # the gradient of Σ over the slice's real members of j
+            return [a + x.astype(a.dtype) for a, x in zip(acc, g, strict=True)], (
+                jnp.sum(j * w),
+                aux,
+            )
 
         acc0 = [jnp.zeros(x.shape, jnp.promote_types(x.dtype, jnp.float32)) for x in live]
-        grads, (js, aux) = jax.lax.scan(body, acc0, slices)
+        grads, (js, aux) = jax.lax.scan(body, acc0, (slices, real))
         return (jnp.sum(js), jax.tree.map(merge, aux)), grads
 
     @jax.custom_vjp

@@ -280,26 +280,28 @@ def make_loss(
         nothing is recomputed. The exact KL estimators run the reference inside the chunk
         too, so its [B, K, T, V] log-probs never exist either. Returns the continuations'
         objective (the part's loss takes (t-1)/t of their KL and entropy), the decision
-        point's sums, the continuations' (pg, kl, ent) sums and logp [B, K, t]."""
+        point's sums, the continuations' (pg, kl, ent, clip metrics) sums and logp [B, K, t]."""
         # weights of the full-width aggregate, cut at t: the same loss as unsliced arrays
         w = agg_weights(part.token_mask[..., 1:])[..., : t - 1]
+        wm = agg_weights(part.token_mask[..., 1:], "token-mean")[..., : t - 1]
         ref_tok = part.ref_token_logp
         ref_tok = jnp.zeros(w.shape) if ref_tok is None else ref_tok[..., 1:t]
         ref_lp = part.ref_logp[..., 1:t, :]  # [B, K, t-1, V] when carried, else [..., 0]
         context = reference_context(ref_state, part)
 
-        def chunk(held, diff, tokens, old_c, adv_c, w_c, ref_tok_c, ref_lp_c):
+        def chunk(held, diff, tokens, old_c, adv_c, w_c, wm_c, ref_tok_c, ref_lp_c):
             ref_state, first_iter, prompts, context, lp_first = held
             lp = tempered_logp(policy.extend(*diff, prompts, tokens), sp)
             logp = token_logp(lp, tokens[..., 1:])
             old = jnp.where(first_iter, jax.lax.stop_gradient(logp), old_c)
             pg = wsum(objective.clipped_surrogate(logp, old, adv_c, eps, eps_high), w_c)
+            clip = tuple(wsum(x, wm_c) for x in clip_terms(logp, old, adv_c, eps, eps_high))
             ref_dist = reference_dist(ref_state, context, prompts, tokens, ref_lp_c, 1)
             kl = wsum(kl_terms(lp, logp, ref_tok_c, ref_dist), w_c)
             ent = wsum(entropy(lp), w_c)
             first = jnp.take_along_axis(lp_first, tokens[..., 0], axis=1)[..., None]
             logp = jnp.concatenate([first, logp], axis=-1)
-            return objective_terms(pg, kl, ent, (t - 1) / t), ((pg, kl, ent), logp)
+            return objective_terms(pg, kl, ent, (t - 1) / t), ((pg, kl, ent, clip), logp)
 
         def diff_of(shared, per_prompt):
             (params, ref_state, first_iter), (prompts, context, d) = shared, per_prompt
@@ -313,6 +315,7 @@ def make_loss(
             old_logp[..., 1:t],
             part.advantages[..., 1:t],
             w,
+            wm,
             ref_tok,
             ref_lp,
         )
@@ -333,13 +336,23 @@ def make_loss(
         shared, per_prompt = (params, ref_state, first_iter), (part.prompts, d)
         return member_sum(body, shared, per_prompt, part.tokens[..., 0])
 
+    def scored_clip(part: Part, decision, continuation):
+        """TRL's clip metrics of a forced part over every token its clipped surrogate scored:
+        the forced actions ("uniform"; "expected" has no ratio at the decision point) and the
+        continuation tokens, each set's token mean weighted by its token count."""
+        n_cont = jnp.sum(part.token_mask[..., 1:])  # the continuations' token-mean count
+        n_dec = 0.0 if gr.exhaustive_estimator == "expected" else jnp.sum(part.action_mask)
+        total = jnp.maximum(n_dec + n_cont, 1.0)
+        pairs = zip(CLIP_METRICS, continuation, strict=True)
+        return {n: (n_dec * decision[n] + n_cont * c) / total for n, c in pairs}
+
     def forced_loss(params, ref_state, part: Part, old_logp, first_iter):
         full_t = part.tokens.shape[-1]
         t = group.forced_horizon(full_t)  # tokens past it are all masked
         d = decision_inputs(part, old_logp)
         cont = train_cont and t > 1
         if cont:
-            j_c, s, (pg_c, kl_c, ent_c), logp = continuation_terms(
+            j_c, s, (pg_c, kl_c, ent_c, clip_c), logp = continuation_terms(
                 params, ref_state, part, d, old_logp, first_iter, t
             )
         else:
@@ -359,6 +372,7 @@ def make_loss(
         # read the same as a sampled group's; the decision point's pg term keeps its full
         # weight: it is the exhaustive group's main signal.
         m["pg_continuation"] = pg_c
+        m.update(scored_clip(part, m, clip_c))
         m["kl"], m["entropy"] = (kl + (t - 1) * kl_c) / t, (ent + (t - 1) * ent_c) / t
         return objective_terms(pg, kl, ent, 1 / t) + j_c, pg + pg_c, count, m, logp
 

@@ -15,9 +15,13 @@ Names follow TRL's GRPOTrainer so that dashboards carry over: ``reward``, ``rewa
   tokens, whatever ``grpo.loss_agg`` weighs the loss's own KL and entropy terms by. A forced
   part's (no TRL counterpart) weigh the decision point's exact KL / entropy over V and its
   continuation tokens' (aggregated as in the loss) 1 : t - 1 over t completion tokens.
+* ``frac_reward_zero_std`` counts the groups whose counted returns are all equal: exactly
+  those whose advantages are all 0 (objective.group_advantages centres them exactly). TRL
+  counts std ≈ 0 (``isclose``, atol 1e-8) of its float rewards.
 * Forced groups (exhaustive, guided) are every first token, not samples of π: their plain
   mean is not the policy's expected return; ``reward_policy_mean`` weights each member by
-  π_old of its first token, which is.
+  π_old of its first token, which is (a class representative or a guided explorer times
+  its importance weight, as scoring.return_credit weighs it).
 
 The framework's own extras: ``reward_policy_mean``, ``reward_spread`` (best minus worst
 member), ``advantage_var``, ``ratio_mean``, ``generated_tokens`` (completion tokens this step)
@@ -29,7 +33,7 @@ may draw them).
 import jax
 import jax.numpy as jnp
 
-from grpo_jax import scoring
+from grpo_jax import objective, scoring
 
 
 def _prompt_stats(part, forced: bool):
@@ -38,18 +42,23 @@ def _prompt_stats(part, forced: bool):
     ret = part.returns
     n = jnp.maximum(mm.sum(1), 1.0)
     mean = (ret * mm).sum(1) / n
-    std = jnp.sqrt(((ret - mean[:, None]) ** 2 * mm).sum(1) / n)
+    # centred as the advantages are: exactly 0 in a group of equal returns, whatever G
+    std = jnp.sqrt((objective.center(ret, mm > 0, jnp.ones_like(ret), 1) ** 2).sum(1) / n)
     valid = (mm.sum(1) > 0).astype(jnp.float32)
     big, small = jnp.where(mm > 0, ret, -jnp.inf), jnp.where(mm > 0, ret, jnp.inf)
     spread = jnp.where(valid > 0, big.max(1) - small.min(1), 0.0)
-    pw = jnp.exp(part.logp_old[..., 0]) * mm if forced else mm
+    if forced:  # π̄ of each member's first token, a stand-in's weight included
+        n_cont = part.tokens.shape[1] // max(part.actions.shape[1], 1)
+        pw = scoring.first_token_weights(part, n_cont) * mm
+    else:
+        pw = mm
     policy_mean = (ret * pw).sum(1) / jnp.maximum(pw.sum(1), 1e-30)
     tm = part.token_mask
     stats = {
         "reward": mean,
         "reward_policy_mean": policy_mean,
         "reward_std": std,
-        "frac_reward_zero_std": (std < 1e-6).astype(jnp.float32),
+        "frac_reward_zero_std": (spread == 0).astype(jnp.float32),
         "reward_spread": spread,
     }
     adv_var = jnp.sum(part.advantages**2 * tm) / jnp.maximum(tm.sum(), 1.0)

@@ -67,7 +67,7 @@ def _safe_div(num, den):
     return jnp.where(ok, num / jnp.where(ok, den, 1.0), 0.0)
 
 
-def _center(values, mask, weights, axis):
+def center(values, mask, weights, axis):
     """Weighted mean and centred values along `axis`, exactly 0 for constant sets.
 
     Subtracting the first valid member first makes every member of a constant
@@ -112,7 +112,7 @@ def group_advantages(rewards, scale="group", eps=1e-8, mask=None):
     mask = jnp.broadcast_to(
         mask.reshape(mask.shape + (1,) * (rewards.ndim - mask.ndim)), rewards.shape
     )
-    centred = _center(rewards, mask, jnp.ones_like(rewards), axis=1)
+    centred = center(rewards, mask, jnp.ones_like(rewards), axis=1)
     if scale == "none":
         return centred
     if scale == "group":
@@ -120,7 +120,7 @@ def group_advantages(rewards, scale="group", eps=1e-8, mask=None):
         std = jnp.sqrt(_safe_div(jnp.sum(centred**2, axis=1, keepdims=True), count))
     else:
         flat_mask = mask.reshape(-1)
-        flat = _center(
+        flat = center(
             rewards.reshape(-1),
             flat_mask,
             jnp.ones(flat_mask.shape, rewards.dtype),
@@ -390,7 +390,7 @@ def _centred(returns, pi, mask):
     without actions; [B] 1 where the row has actions), π̄ = sg(π) over the mask."""
     mask = jnp.ones(pi.shape, bool) if mask is None else jnp.asarray(mask, bool)
     pi_sg = jax.lax.stop_gradient(jnp.where(mask, pi, 0.0))
-    adv = _center(jax.lax.stop_gradient(returns), mask, pi_sg, axis=-1)
+    adv = center(jax.lax.stop_gradient(returns), mask, pi_sg, axis=-1)
     rows, var = jnp.any(mask, -1), _safe_div(jnp.sum(pi_sg * adv**2, -1), jnp.sum(pi_sg, -1))
     return adv, jnp.where(rows, var, 0.0), rows * 1.0  # all stop-gradient: from π̄ and sg(R)
 

@@ -152,16 +152,22 @@ class Reference(NamedTuple):
     logprobs: Callable
 
 
-def policy_reference(policy: Policy) -> Reference:
-    """π_ref = the same policy with frozen params (untempered log-probs)."""
+def policy_reference(policy: Policy, temperature: float) -> Reference:
+    """π_ref = the same policy with frozen params, at the policy's sampling temperature T:
+    log_softmax(z_ref / T), as TRL's GRPOTrainer divides the reference model's logits by the
+    temperature too. So while the params are the reference's, π = π_ref and every KL
+    estimate is 0, whatever T. (Untempered, log_softmax(z_ref), the KL at T ≠ 1 was nonzero
+    from step 0 and its optimum softmax(z / T) = softmax(z_ref) undid the temperature.) Top-k
+    and top-p are not applied, as for π (sampling heuristics). Reward terms that read the
+    reference (rewards.NEEDS_REFERENCE) read this same tempered distribution."""
+    sp = ro.SamplingParams(temperature=float(temperature))
 
     def prefill(params, prompts):
         first, state = policy.prefill(params, prompts)
-        return jax.nn.log_softmax(first, axis=-1), (first, state)
+        return ro.tempered_logp(first, sp), (first, state)
 
     def logprobs(params, context, prompts, tokens):
-        logits = continue_logits(policy, params, *context, prompts, tokens)
-        return jax.nn.log_softmax(logits, axis=-1)
+        return ro.tempered_logp(continue_logits(policy, params, *context, prompts, tokens), sp)
 
     return Reference(prefill, logprobs)
 

@@ -43,7 +43,9 @@ def _filtered(logp, sp: SamplingParams):
     if sp.top_p < 1.0:
         srt = jnp.sort(logp, axis=-1)[..., ::-1]
         cum = jnp.cumsum(jnp.exp(srt), axis=-1)
-        # keep the smallest prefix whose mass reaches top_p (always at least the argmax)
+        # keep the smallest prefix whose mass reaches top_p (always at least the argmax), and
+        # every token tied with its last (a tie is not broken by sort order, as HF's warper
+        # breaks it; top-k above keeps ties too), so exact ties (bfloat16 logits) keep more
         n_keep = jnp.sum(cum - jnp.exp(srt) < sp.top_p, axis=-1, keepdims=True)
         cutoff = jnp.take_along_axis(srt, n_keep - 1, axis=-1)
         logp = jnp.where(logp >= cutoff, logp, -jnp.inf)

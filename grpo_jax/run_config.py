@@ -11,7 +11,10 @@ written*:
 - fields that only say how long, how often or where a run executes and reports (``MUTABLE``:
   cadences, num_steps, logging, evaluation, diagnostics, mesh) may change; the change is
   appended to ``config_history.jsonl`` (step, field: [old, new]) when the run proceeds, and
-  later comparisons start from the record with those changes applied.
+  later comparisons start from the record with those changes applied. A num_steps also
+  spans the learning-rate schedule (train_state.make_optimizer), so a run extended from N
+  to M steps follows the M-step warm-up and decay from step N on: its first N steps were
+  not an M-step run's (a run interrupted and resumed with the same num_steps retraces it).
 
 Both sides go through the same JSON serialisation, so tuples, None and floats compare as
 they are stored. ``keep_files`` writes what a task keeps beside its checkpoints (a trained

@@ -63,7 +63,7 @@ def build(
     step = engine.make_grpo_step(
         espec,
         policy,
-        policy_reference(policy) if use_ref else None,
+        policy_reference(policy, espec.group.sampling.temperature) if use_ref else None,
         sample_prompts,
         reward_terms,
         tx,

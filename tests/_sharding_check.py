@@ -245,7 +245,7 @@ def reference_split():
 
     m = model.Transformer(vocab_size=65, num_layers=2, num_heads=2, d_model=64, max_len=48)
     params = model.init_params(m, jax.random.key(0))
-    ref = policy.policy_reference(policy.transformer_policy(m, SamplingParams(), 32))
+    ref = policy.policy_reference(policy.transformer_policy(m, SamplingParams(), 32), 1.0)
     rng = np.random.default_rng(0)
     prompts = policy.TokenPrompts(rng.integers(0, 65, (2, 16), dtype=np.int32), None, {})
     tokens = rng.integers(0, 65, (2, 8, 32), dtype=np.int32)

@@ -79,6 +79,72 @@ def test_mu_updates_keep_the_sampling_policy_as_pi_old():
     assert float(metrics["clip_ratio/region_mean"]) > 0  # clipping was active
 
 
+@pytest.mark.parametrize("kl", ["exact", "k3"])
+def test_a_tempered_policy_at_the_reference_params_has_kl_zero(kl):
+    """At T = 0.5, from params equal to the reference's and with every advantage 0 (a
+    constant reward), the step's KL is 0 and its update leaves the params where they are:
+    the reference is read at the sampling temperature, log_softmax(θ / T), as TRL reads it.
+    Read untempered, log_softmax(θ), the same step would see the KL below and move θ."""
+    theta = 2.0 * jax.random.normal(jax.random.PRNGKey(0), (B, 1, V))
+    config = _config(beta=0.5, kl=kl)
+    config.group.temperature = 0.5
+    step, inputs, state = _bandit_step(config, theta, jnp.zeros((B, V)), 1.0)
+    batch = step.rollout(state, inputs)
+    new_state, m = jax.jit(step.update)(state, inputs, batch)
+    assert abs(float(m["kl"])) < 1e-6
+    np.testing.assert_allclose(new_state.params, theta, atol=1e-6)
+    (part,), _ = step.score(batch)
+    if kl == "k3":  # the reference's token log-probs the rollout carries
+        want = jax.nn.log_softmax(theta[:, 0] / 0.5, -1)[
+            jnp.arange(B)[:, None], part.tokens[..., 0]
+        ]
+        np.testing.assert_allclose(part.ref_token_logp[..., 0], want, atol=1e-6)
+    pi, untempered = jax.nn.softmax(theta[:, 0] / 0.5), jax.nn.log_softmax(theta[:, 0])
+    assert float(jnp.mean(jnp.sum(pi * (jnp.log(pi) - untempered), -1))) > 0.05
+
+
+@pytest.mark.parametrize("estimator", ["uniform", "expected"])
+def test_a_forced_parts_clip_metrics_count_its_continuation_tokens(estimator):
+    """An exhaustive part trained with its continuations, at a later update (μ = 2): the
+    continuation tokens' π_old is π_θ / e, so their ratio is e, past 1 + ε. clip_ratio/* and
+    ratio_mean are token means over every token the clipped surrogate scored, counted by
+    hand: the forced actions (ratio 1; "uniform" only, "expected" has no ratio there) and
+    the continuations, clipped where their advantage is positive."""
+    length, span, b = 5, 3, 2
+    w = jax.random.normal(jax.random.PRNGKey(0), (length, V))
+    policy = single_step.single_step_policy(
+        lambda p, x: jnp.broadcast_to(p, (x.shape[0], length, V)), V, span, SamplingParams()
+    )
+    one = jnp.ones((b,), jnp.int32)
+    prompts = single_step.SpanPrompts(jnp.zeros((b, length)), 0 * one, span * one, {})
+    actions = jnp.broadcast_to(jnp.arange(V, dtype=jnp.int32), (b, V))
+    rest = jax.random.randint(jax.random.PRNGKey(1), (b, V, span - 1), 0, V)
+    tokens = jnp.concatenate([actions[..., None], rest], -1)
+    logp = token_logp(jax.nn.log_softmax(token_logits(policy, w, prompts, tokens)[1]), tokens)
+    old = logp.at[..., 1:].add(-1.0)
+    adv = jnp.where(jax.random.bernoulli(jax.random.PRNGKey(2), 0.5, tokens.shape), 1.0, -1.0)
+    ones = jnp.ones(tokens.shape)
+    part = groups.Part(
+        prompts, tokens, ones, ones[..., 0], old, actions, jnp.ones((b, V)),
+        jnp.zeros((*tokens.shape, 0)), 0 * ones, 0 * ones[..., 0], adv, jnp.zeros((b, V)),
+        ones[..., 0],
+    )  # fmt: skip
+    config = _config(mu=2, mode="exhaustive", agg="token-mean")
+    config.grpo.exhaustive_estimator = estimator
+    spec = EngineSpec.from_config(config)
+    loss_fn = make_loss(spec.objective, spec.group, policy, None)
+    _, (m, _) = jax.jit(loss_fn, static_argnums=(3, 4))(w, (part,), (old,), False, (True,))
+    n_dec = 0 if estimator == "expected" else b * V  # each at ratio 1, never clipped
+    n_cont = b * V * (span - 1)
+    high = int(np.sum(np.asarray(adv[..., 1:]) > 0))
+    assert 0 < high < n_cont
+    np.testing.assert_allclose(m["clip_ratio/high_mean"], high / (n_dec + n_cont), rtol=1e-6)
+    np.testing.assert_allclose(m["clip_ratio/region_mean"], high / (n_dec + n_cont), rtol=1e-6)
+    assert float(m["clip_ratio/low_mean"]) == 0.0
+    want = (n_dec + n_cont * np.e) / (n_dec + n_cont)
+    np.testing.assert_allclose(m["ratio_mean"], want, rtol=1e-5)
+
+
 def _tiny_lm():
     m = Transformer(vocab_size=V, num_layers=1, num_heads=2, d_model=16, max_len=8)
     return m, init_params(m, jax.random.PRNGKey(2))
@@ -97,7 +163,7 @@ def test_tokens_after_eos_contribute_nothing():
     tokens = jnp.array([[[3, 1, 0, 0], [2, 4, 3, 2]]])  # member 0: EOS (1) at t = 1
     mask = jnp.array([[[1.0, 1.0, 0.0, 0.0], [1.0, 1.0, 1.0, 1.0]]])
     adv = jnp.array([[0.7, -0.7]])[..., None] * mask
-    ref = policy_reference(policy)
+    ref = policy_reference(policy, sp.temperature)
     spec = EngineSpec.from_config(_config(beta=0.3))
 
     def part_of(tok):

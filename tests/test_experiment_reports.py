@@ -181,23 +181,24 @@ def test_toy_flags_are_checked_before_any_training(flags, message):
 
 
 def test_fill_in_record_renders_to_its_markdown():
-    """The committed record predates the engine refactor's names: its eval pass@k renders as
-    pass_at_k (the same metric), its train metrics keep their old names (the old fill accuracy
-    pooled chars); a record with today's train names renders those."""
+    """The committed record (today's train names) renders to its markdown; a summary from
+    before the engine refactor keeps its old train names, reward_mean and
+    sample_fill_accuracy (the old fill accuracy pooled chars), and says so."""
     summary = json.loads((RESULTS / "fill_in.json").read_text())
     ab = json.loads((RESULTS / "fill_in_ablation.json").read_text())
     md = "\n".join(fill_in_report.markdown(summary, ab))
     assert md == (RESULTS / "fill_in.md").read_text()
-    assert "## GRPO: train reward_mean per 300-step window" in md
-    renamed = {"reward_mean": "reward", "sample_fill_accuracy": "rewards/fill_accuracy/mean"}
+    assert "## GRPO: train reward per 300-step window" in md
+    assert "| steps | reward s0 | reward s1 | reward s2 | reward (mean) |" in md
+    assert "averaged over members.)" in md and "predates" not in md
+    renamed = {"reward": "reward_mean", "rewards/fill_accuracy/mean": "sample_fill_accuracy"}
     for run in summary["grpo"].values():
         run["train_windows"] = [
             {renamed.get(k, k): v for k, v in w.items()} for w in run["train_windows"]
         ]
-    today = "\n".join(fill_in_report.markdown(summary, ab))
-    assert "## GRPO: train reward per 300-step window" in today
-    assert "| steps | reward s0 | reward s1 | reward s2 | reward (mean) |" in today
-    assert "averaged over members.)" in today and "predates" not in today
+    old = "\n".join(fill_in_report.markdown(summary, ab))
+    assert "## GRPO: train reward_mean per 300-step window" in old
+    assert "| steps | reward_mean s0 |" in old and "predates the engine refactor" in old
 
 
 def test_the_h100_record_is_its_lease_calls_assembled():

@@ -12,6 +12,7 @@ import optax
 import pytest
 
 from grpo_jax import engine, rewards, scoring
+from grpo_jax.chunking import accumulated
 from grpo_jax.configs.shakespeare import get_config
 from grpo_jax.data import load_corpus
 from grpo_jax.data import sample_windows as load_corpus_windows
@@ -54,7 +55,9 @@ def make_loss(cfg, model, reference):
 def make_step(cfg, corpus, model, params, tx, sched, sample_prompts):
     """The engine's step for the Shakespeare task's reference and char rewards."""
     policy = _policy(cfg, model)
-    ref, ref_state = make_reference(cfg.reference.kind, cfg.reference, corpus, policy, params)
+    ref, ref_state = make_reference(
+        cfg.reference.kind, cfg.reference, corpus, policy, params, cfg.group.temperature
+    )
     step = engine.make_grpo_step(
         EngineSpec.from_config(cfg), policy, ref, sample_prompts,
         rewards.char_terms(cfg.reward), tx, sched,
@@ -245,6 +248,19 @@ def test_member_chunks_recompute_nothing(setup, mode, chunk):
         args = (params, parts, tuple(p.logp_old for p in parts), jnp.asarray(False), flags)
         flops.append(matmul_flops_of(jax.make_jaxpr(grad, static_argnums=(4,))(*args).jaxpr))
     assert flops[0] > 0 and flops[1] == flops[0]
+
+
+@pytest.mark.parametrize("chunk", [0, 2, 3, 5])
+def test_accumulated_leaves_the_padding_members_out(chunk):
+    """chunking.accumulated's Σ j and its gradient over K = 5 members of j = w·(x + 1), by
+    hand 30 and 15 at w = 2, x = 0..4, with any chunk: chunk 2 pads the last of three
+    slices with a zero member, whose j = w would count (32 and 16) if it entered the sum."""
+    x = jnp.arange(5.0)[None]  # [B = 1, K = 5]
+    fn = lambda d, xs: (d["w"] * (xs + 1.0), xs)
+    f = lambda w: accumulated(fn, chunk, {"w": w}, x)
+    (val, aux), grad = jax.value_and_grad(f, has_aux=True)(jnp.float32(2.0))
+    assert (float(val), float(grad)) == (30.0, 15.0)
+    np.testing.assert_array_equal(aux, x)  # the members' aux, padding sliced off
 
 
 def test_masked_rows_do_not_dilute_the_loss(setup):

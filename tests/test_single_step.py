@@ -13,7 +13,7 @@ import optax
 import pytest
 from _engine_config import engine_config
 
-from grpo_jax import metrics, single_step
+from grpo_jax import metrics, objective, single_step
 from grpo_jax.groups import Part
 from grpo_jax.rewards import RewardTerm
 from grpo_jax.specs import EngineSpec
@@ -203,6 +203,47 @@ def test_reward_policy_mean_weights_forced_members_by_pi_old():
     sampled = metrics.group_metrics((part,), (False,), 3)
     np.testing.assert_allclose(sampled["reward_policy_mean"], sampled["reward"], rtol=1e-6)
     np.testing.assert_allclose(sampled["reward"], (1.5 / 3 + 0.6 / 2) / 2, rtol=1e-6)
+
+
+def _returns_part(ret, logp0=None, actions=None, weights=None):
+    """A part of one-token members with these returns [B, K] (forced when ``actions``)."""
+    b, k = ret.shape
+    a = np.zeros((b, 0), np.int32) if actions is None else actions
+    logp0 = np.zeros((b, k)) if logp0 is None else logp0
+    return Part(
+        None, jnp.zeros((b, k, 1), jnp.int32), jnp.ones((b, k, 1)), jnp.ones((b, k)),
+        jnp.asarray(logp0, jnp.float32)[..., None], jnp.asarray(a), jnp.ones(a.shape),
+        jnp.zeros((b, k, 1, 0)), jnp.asarray(ret)[..., None], jnp.asarray(ret),
+        jnp.zeros((b, k, 1)), jnp.zeros(a.shape), jnp.ones((b, k)),
+        None if weights is None else jnp.asarray(weights, jnp.float32),
+    )  # fmt: skip
+
+
+def test_reward_policy_mean_counts_a_guided_explorers_weight():
+    """A guided group of π = [.7, .1, .1, .1], R = [0, 1, 1, 1]: the guide's top-1 (token 0,
+    weight 0) and one explorer of the other three (token 2, weight (V - k) / r = 3) give
+    E_π[R] = (.7·0 + .1·3·1) / (.7 + .1·3) = 0.3, as scoring.return_credit weighs them; π_old
+    alone would give .1 / .8 = 0.125."""
+    part = _returns_part(
+        np.array([[0.0, 1.0]]), np.log([[0.7, 0.1]]), np.array([[0, 2]], np.int32), [[0.0, 3.0]]
+    )
+    got = metrics.group_metrics((part,), (True,), 4)["reward_policy_mean"]
+    np.testing.assert_allclose(got, 0.3, rtol=1e-6)
+
+
+def test_frac_reward_zero_std_counts_exactly_the_groups_without_signal():
+    """Groups of 3 equal returns at |r| ~ 100 (a float32 mean of three leaves a residue) are
+    zero-std, with reward_std exactly 0; a group one float32 step apart is not (its advantages
+    are ±1, not 0), though its std, 5.5e-7, is under the 1e-6 a threshold on the std used."""
+    x = (np.random.default_rng(0).normal(size=64) * 100).astype(np.float32)
+    ret = np.repeat(x[:, None], 3, 1)
+    ret[0, 2] = np.nextafter(ret[0, 0], np.float32(np.inf))
+    adv = objective.group_advantages(jnp.asarray(ret))
+    assert float(jnp.abs(adv[0]).max()) > 0.5 and float(jnp.abs(adv[1:]).max()) == 0.0
+    stats, _, _ = metrics._prompt_stats(_returns_part(ret), False)
+    np.testing.assert_array_equal(stats["frac_reward_zero_std"], [0.0] + [1.0] * 63)
+    np.testing.assert_array_equal(stats["reward_std"][1:], 0.0)
+    assert 0 < float(stats["reward_std"][0]) < 1e-6
 
 
 def test_first_token_stats_are_indexed_by_token_id():

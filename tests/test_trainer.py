@@ -260,6 +260,21 @@ def test_a_resumed_runs_char_stats_drop_the_rows_it_logs_again(tmp_path):
     assert [json.loads(line)["step"] for line in path.read_text().splitlines()] == [1, 2, 3, 4]
 
 
+def test_a_char_stats_row_names_the_steps_it_averages(tmp_path):
+    """char_stats_every=2: a row averages its window's steps (1-2), and a run resumed inside a
+    window (checkpoint 3, resumed at 4) writes a row of step 4 alone, saying so."""
+    from grpo_jax.tasks.shakespeare import char_stats_hooks
+
+    m = lambda r: {"first_token/reward": np.array([r, 0.0]), "first_token/best": np.array([1, 0])}
+    hooks = char_stats_hooks(2, ["a", "b"])
+    for step, r in ((1, 1.0), (2, 3.0), (3, 5.0)):
+        hooks.on_step(tmp_path, step, m(r))
+    char_stats_hooks(2, ["a", "b"]).on_step(tmp_path, 4, m(8.0))  # the resumed run
+    rows = [json.loads(line) for line in (tmp_path / "char_stats.jsonl").read_text().splitlines()]
+    got = [(r["step"], r["first_step"], r["reward"][0]) for r in rows]
+    assert got == [(2, 1, 2.0), (4, 4, 8.0)]
+
+
 # ---------------------------------------------------------------------------------------------
 # 4: a non-finite loss stops the run before anything is saved; the last checkpoint survives.
 

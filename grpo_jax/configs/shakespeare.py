@@ -71,7 +71,7 @@ def get_config(arg=None):
     c.model.max_len = 0  # positional window; 0 -> context_len + horizon
 
     c.reference = config_dict.ConfigDict()
-    c.reference.kind = "ngram"  # ngram | policy (frozen initial policy) | none
+    c.reference.kind = "ngram"  # ngram | policy (frozen initial policy at group.temperature) | none
     c.reference.ngram_order = 3  # n of the n-gram reference over tokens (1..5)
     c.reference.smoothing = 0.1  # add-k smoothing of the n-gram counts
 

@@ -227,14 +227,15 @@ def make_build_step(config, espec, tok, policy_for, opt, train: Data, b: int, cl
                 policy, tx, schedule, sft_batch, sharding.step_hooks(mesh).shard_batch
             )
             return step, StepInputs(train, None)
-        policy = policy_for(espec.group.sampling)
-        use_ref = espec.objective.beta > 0
+        sp = espec.group.sampling
+        policy = policy_for(sp)
+        ref = policy_reference(policy, sp.temperature) if espec.objective.beta > 0 else None
         step = engine.make_grpo_step(
-            espec, policy, policy_reference(policy) if use_ref else None, sample_prompts,
+            espec, policy, ref, sample_prompts,
             reward_terms(config, tok), tx, schedule, eos_id=tok.eos_id, decode=make_decode(tok),
             hooks=sharding.step_hooks(mesh, config), token_classes=classes,
         )  # fmt: skip
-        ref_state = jax.tree.map(jnp.copy, initial_params) if use_ref else None
+        ref_state = None if ref is None else jax.tree.map(jnp.copy, initial_params)
         return step, StepInputs(train, ref_state)
 
     return build_step

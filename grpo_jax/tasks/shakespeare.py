@@ -86,9 +86,11 @@ def validate(config, mode: str) -> int:
     return max_len
 
 
-def make_reference(kind, ref_cfg, corpus, policy, initial_params):
+def make_reference(kind, ref_cfg, corpus, policy, initial_params, temperature):
     """(Reference or None, its state). ``policy`` freezes ``initial_params`` (the policy GRPO
-    starts from, i.e. after init_from), so a resumed run rebuilds the same reference."""
+    starts from, i.e. after init_from), so a resumed run rebuilds the same reference; it is
+    read at the sampling ``temperature``, as the policy (policy_reference). An n-gram is an
+    outside language model and is read as it is, at any temperature."""
     if kind == "none":
         return None, None
     if kind == "ngram":
@@ -102,7 +104,7 @@ def make_reference(kind, ref_cfg, corpus, policy, initial_params):
             ),
         ), lm
     # a copy: the trainer donates the state, whose params start as these very buffers
-    return policy_reference(policy), jax.tree.map(jnp.copy, initial_params)
+    return policy_reference(policy, temperature), jax.tree.map(jnp.copy, initial_params)
 
 
 def load_corpus(data_config, workdir=None) -> data_lib.Corpus:
@@ -154,8 +156,10 @@ def make_evaluate(config, model, corpus, token_chars):
 def char_stats_hooks(every: int, labels) -> Hooks:
     """Accumulate exhaustive groups' per-first-token return and best-share every step; write
     char_stats.jsonl (``labels``: the tokens' strings) every ``every`` steps and draw
-    char_heatmap.png at the end."""
-    acc = {"sum": None, "n": 0, "resumed": False}
+    char_heatmap.png at the end. A row averages steps ``first_step``..``step``: the window's
+    steps before a resume are not in the checkpoint, so a row after a resume inside its window
+    averages fewer steps, and says so."""
+    acc = {"sum": None, "n": 0, "first": 0, "resumed": False}
 
     def on_step(workdir, step, metrics):
         if "first_token/reward" not in metrics:
@@ -165,12 +169,16 @@ def char_stats_hooks(every: int, labels) -> Hooks:
             truncate_rows(path, step - 1)
         acc["resumed"] = True
         cm = np.stack([metrics["first_token/reward"], metrics["first_token/best"]])
-        acc["sum"] = cm if acc["sum"] is None else acc["sum"] + cm
+        if acc["sum"] is None:
+            acc["sum"], acc["first"] = cm, int(step)
+        else:
+            acc["sum"] = acc["sum"] + cm
         acc["n"] += 1
         if step % every == 0:
             stats = acc["sum"] / acc["n"]
             row = {
                 "step": int(step),
+                "first_step": acc["first"],
                 "chars": labels,
                 "reward": [round(float(x), 5) for x in stats[0]],
                 "best": [round(float(x), 5) for x in stats[1]],
@@ -228,9 +236,10 @@ def build(config, mode: str = "train", workdir=None) -> Task:
                 config, model, tx, schedule, sharding.step_hooks(mesh).shard_batch
             )
             return step, StepInputs(train_tokens, None)
-        policy = transformer_policy(model, espec.group.sampling, h)
+        sp = espec.group.sampling
+        policy = transformer_policy(model, sp, h)
         ref, ref_state = make_reference(
-            config.reference.kind, config.reference, corpus, policy, initial_params
+            config.reference.kind, config.reference, corpus, policy, initial_params, sp.temperature
         )
         step = engine.make_grpo_step(
             espec,
