@@ -176,6 +176,10 @@ class Checkpointer:
         steps = self.committed_steps()
         return steps[-1] if steps else None
 
+    def has_intact(self, step: int) -> bool:
+        """Whether ``step`` is committed and was not found damaged here: saving it is skipped."""
+        return step in self.committed_steps() and step not in self._damaged
+
     def _set_aside(self, step: int) -> bool:
         """Renames a damaged or uncommitted step folder to ``<step>.damaged[-n]`` so that this
         step can be saved again; its bytes stay on disk for inspection, never deleted."""
@@ -187,6 +191,7 @@ class Checkpointer:
             n += 1
             dst = self.directory / f"{step}.damaged-{n}"
         src.rename(dst)
+        self._damaged.discard(step)  # the step's next folder is the save's own
         self._manager.reload()
         logging.warning("moved the damaged or uncommitted %s aside to %s", src, dst.name)
         return True
@@ -200,8 +205,7 @@ class Checkpointer:
         """
         step = int(step)
         if (self.directory / str(step)).exists():
-            intact = step in self.committed_steps() and step not in self._damaged
-            if intact or not self._set_aside(step):
+            if self.has_intact(step) or not self._set_aside(step):
                 if jax.process_index() == 0:  # every process skips; one says so
                     logging.warning("%s already exists; not overwriting it", self._where(step))
                 return False

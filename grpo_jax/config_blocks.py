@@ -10,6 +10,7 @@ that differ by task as arguments.
 import ast
 import contextlib
 import importlib.util
+import inspect
 from pathlib import Path
 
 from ml_collections import config_dict
@@ -164,6 +165,19 @@ def load_config(name: str, variant: str = "", **overrides):
     spec = importlib.util.spec_from_file_location(f"_grpo_config_{path.stem}", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
-    config = module.get_config(variant)
+    config = _called(module.get_config, variant, path)
     config.update_from_flattened_dict(overrides)
     return config
+
+
+def _called(get_config, variant: str, path: Path):
+    """``get_config(variant)``, or ``get_config()`` for one that takes no argument (the plain
+    ml_collections form, which config_flags calls so when no variant is given)."""
+    if inspect.signature(get_config).parameters:
+        return get_config(variant)
+    if variant:
+        raise ValueError(
+            f"config file {path}: get_config() takes no variant, got {variant!r}; drop "
+            f"':{variant}' from --config, or give get_config an argument to read it"
+        )
+    return get_config()

@@ -6,7 +6,10 @@ A step folder's ``integrity`` item (JSON) records
   A corpus of the same size with other characters gives the same shapes, so only these
   digests tell that its ids now mean other characters. A vocabulary kept as a file in the
   workdir (a BPE tokenizer.json) is digested byte for byte and named (``vocab_file``), so a
-  resume on an edited or replaced file is refused naming it;
+  resume on an edited or replaced file is refused naming it. A run from ``init_from`` adds
+  the digest of the params it started from (``init_sha256``): every resume reads its initial
+  params and its frozen KL reference from ``init_from`` again, so a resume whose
+  ``init_from`` now holds other params (pretraining continued into it) is refused;
 * ``state_sha256``: one sha256 per top-level entry of the saved state (``params``,
   ``opt_state``, ...), over its leaves' paths, dtypes, shapes and bytes in sorted path order.
   A flipped bit in a data file loads silently through orbax (uncompressed float bytes),
@@ -66,6 +69,14 @@ def run_identity(vocab: Any, data_sha256: str | None = None) -> dict[str, str]:
     return {k: v for k, v in identity.items() if v}
 
 
+def init_identity(init_from: str, params: Any) -> dict[str, str]:
+    """What a run from ``init_from`` started from: the digest of the params read there (as
+    ``state_sha256`` names a state's params). ``init_from`` only words the refusal. {} without
+    ``init_from``: a random init is the seed's, which the workdir's record already fixes."""
+    digest = (state_sha256({"params": params}) or {}).get("params") if init_from else None
+    return {"init_sha256": digest, "init_from": init_from} if digest else {}
+
+
 def key_name(key: Any) -> str:
     """A pytree path entry's name: template NamedTuples use GetAttrKey while orbax metadata
     turns them into dicts (DictKey) and tuples into lists, so paths compare by name only."""
@@ -122,6 +133,14 @@ def identity_mismatch(step: int, saved: dict, current: dict) -> str | None:
             "use the file it was trained on, or a fresh --workdir",
         ),
     }
+    if "init_from" in current:  # a resume reads its initial params and KL reference there
+        what["init_sha256"] = (
+            "initial params",
+            f"init_from {current['init_from']}'s latest checkpoint now has",
+            "a resume reads its initial params and KL reference there: make the checkpoint "
+            "the run started from its latest again (move later steps aside), or use a fresh "
+            "--workdir",
+        )
     name = current.get("vocab_file")
     if name:  # the vocabulary is the workdir's file, not the corpus's characters
         fix = f"restore the {name} it was trained with, or use a fresh --workdir"

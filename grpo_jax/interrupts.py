@@ -30,14 +30,18 @@ _depth = 0  # nested runs (the warm-up's pretraining inside a train run) share t
 
 
 class Interrupted(KeyboardInterrupt):
-    """Training stopped on a signal after saving ``step``; ``exit_code`` = 128 + signum."""
+    """Training stopped on a signal at ``step``, saved unless ``saved`` is False (a damaged
+    folder of that step that could not be set aside); ``exit_code`` = 128 + signum."""
 
-    def __init__(self, signum: int, step: int):
+    def __init__(self, signum: int, step: int, saved: bool = True):
         self.signum, self.step, self.exit_code = signum, step, 128 + signum
-        super().__init__(
-            f"interrupted by {signal.Signals(signum).name} at step {step}: checkpoint saved, "
-            "rerun the same command to resume"
+        what = (
+            "checkpoint saved, rerun the same command to resume"
+            if saved
+            else f"not saved (checkpoint step {step} is damaged: move its folder aside), "
+            "rerun the same command to resume from the latest intact checkpoint"
         )
+        super().__init__(f"interrupted by {signal.Signals(signum).name} at step {step}: {what}")
 
 
 def requested() -> int | None:

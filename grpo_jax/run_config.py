@@ -17,15 +17,18 @@ written*:
   not an M-step run's (a run interrupted and resumed with the same num_steps retraces it).
 
 Both sides go through the same JSON serialisation, so tuples, None and floats compare as
-they are stored. ``keep_files`` writes what a task keeps beside its checkpoints (a trained
-tokenizer.json) once a run goes ahead, like config.json.
+they are stored. ``init_from`` is recorded relative to the workdir when inside it (the
+warm-up's ``pretrain``), else resolved, and compared as the directory it names: a resume
+from another current directory, or of a moved or copied workdir, is the same run.
+``keep_files`` writes what a task keeps beside its checkpoints (a trained tokenizer.json) once
+a run goes ahead, like config.json.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import tempfile
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -59,8 +62,9 @@ MUTABLE = (
 
 
 def check_workdir(workdir: str | os.PathLike) -> Path:
-    """The workdir as a Path, checked before anything is written: not empty, not a file, and
-    writable (it, or the nearest existing parent that would hold it). Creates nothing."""
+    """The workdir as a Path, checked before anything is written: not empty, not a file, not
+    under a file, and writable (it, or the nearest existing parent that would hold it).
+    Creates nothing."""
     if not str(workdir).strip():
         raise ValueError("--workdir='' is empty; pass a directory, e.g. --workdir=runs/NAME")
     path = Path(workdir).expanduser()
@@ -69,6 +73,11 @@ def check_workdir(workdir: str | os.PathLike) -> Path:
     existing = path
     while not existing.exists() and existing != existing.parent:
         existing = existing.parent
+    if not existing.is_dir():  # else mkdir fails after the compile, or "read-only" misleads
+        raise ValueError(
+            f"--workdir {path} is under {existing}, which is a file, not a directory; pass "
+            "another --workdir (or move the file)"
+        )
     # os.access sees a read-only filesystem (EROFS) even for root, and a directory's mode
     # for everyone else; a probe file would itself touch the workdir.
     if not os.access(existing, os.W_OK | os.X_OK):
@@ -168,6 +177,40 @@ def _refuse_fixed(workdir: Path, changes: dict[str, tuple], what: str, fix: str)
         )
 
 
+INIT_FROM = "init_from"
+
+
+def _resolved(path: str | os.PathLike) -> Path:
+    return Path(path).expanduser().resolve()
+
+
+def _spelled(workdir: Path, init_from: str) -> str:
+    """``init_from`` as the record spells it: relative to the workdir when inside it (the
+    warm-up's ``pretrain``), so that the record stays true when the workdir is resumed from
+    another directory, moved or copied; any other resolved and absolute."""
+    path = _resolved(init_from)
+    try:
+        return path.relative_to(_resolved(workdir)).as_posix()
+    except ValueError:  # not inside the workdir
+        return str(path)
+
+
+def _located(workdir: Path, old: dict[str, Any], new: dict[str, Any]) -> tuple[dict, dict]:
+    """(record, this run) with ``init_from`` as the directory it names, resolved: the
+    record's relative to the workdir (``_spelled``), this run's to the current
+    directory. A record written before spelled it as typed, relative to the directory its run
+    started in: it still matches where it names this run's directory from here."""
+    old, new = dict(old), dict(new)
+    here = _resolved(new[INIT_FROM]) if new.get(INIT_FROM) else None
+    if here is not None:
+        new[INIT_FROM] = str(here)
+    spelled = old.get(INIT_FROM)
+    if spelled:
+        legacy = _resolved(spelled) == here
+        old[INIT_FROM] = str(here if legacy else _resolved(Path(workdir) / spelled))
+    return old, new
+
+
 def check_resume(workdir: Path, config: Any, mode: str = "train") -> dict[str, tuple]:
     """The mutable fields this run changes against the workdir's binding record ({} for
     the same config, or where nothing binds: see ``recorded``); raises ValueError naming the
@@ -181,7 +224,7 @@ def check_resume(workdir: Path, config: Any, mode: str = "train") -> dict[str, t
             f"--mode={old[MODE]}, or start --mode={mode} in a fresh --workdir (from its "
             f"params: --config.init_from={workdir})"
         )
-    changes = _changes(old, {**flat(config), MODE: mode})
+    changes = _changes(*_located(workdir, old, {**flat(config), MODE: mode}))
     _refuse_fixed(workdir, changes, "model/data/objective", "use a fresh --workdir or resume")
     return changes
 
@@ -207,7 +250,10 @@ def record(workdir: Path, config: Any, changes: dict[str, tuple], step: int, mod
     if jax.process_index() != 0:
         return  # one writer on a shared filesystem
     if recorded(workdir) is None:
-        save_config(workdir, ConfigDict({**_tree(config), MODE: mode}))
+        tree = _tree(config)
+        if tree.get(INIT_FROM):
+            tree[INIT_FROM] = _spelled(workdir, tree[INIT_FROM])
+        save_config(workdir, ConfigDict({**tree, MODE: mode}))
         (workdir / HISTORY).unlink(missing_ok=True)
         return
     if changes:
@@ -228,7 +274,10 @@ def ensure_workdir(workdir: str | os.PathLike) -> Path:
 def _write_atomic(path: Path, text: str) -> None:
     """Write-then-rename, so a crash never leaves half a file behind. Bytes, not text mode: no
     newline translation, so a kept file's sha256 is its text's (a tokenizer's digest)."""
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    tmp = path.parent / f".{path.name}.{uuid.uuid4().hex}.tmp"
+    # created with 0o666 less the umask, as open() creates the workdir's other files
+    # (tempfile.mkstemp's 0o600 left config.json unreadable to the group)
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(text.encode("utf-8"))

@@ -11,7 +11,6 @@ import contextlib
 import functools
 import json
 import math
-import os
 import time
 from pathlib import Path
 
@@ -92,17 +91,6 @@ def _with_init_from(config, target):
     return config
 
 
-def _as_recorded(workdir, target):
-    """The warm-up directory as the workdir's record spells it, when it names the same
-    directory (a resume may spell the workdir relative where the first run had it absolute,
-    or the other way round); else as this run spells it."""
-    spelled = (run_config.recorded(workdir) or {}).get("init_from") or ""
-    try:
-        return spelled if spelled and os.path.samefile(spelled, target) else target
-    except OSError:  # the recorded path does not exist from here
-        return target
-
-
 def warm_up(config, workdir):
     """``pretrain.before_train``: the task's supervised warm-up runs first in
     ``workdir/pretrain`` (resumable like any run; a finished one is only reloaded) and GRPO
@@ -145,7 +133,7 @@ def _check_run(config, workdir, mode, task):
     check_task_batch(config, task, mesh)
     workdir = run_config.check_workdir(workdir)
     target = _warm_up_dir(config, workdir) if mode == "train" else None
-    resolved = config if target is None else _with_init_from(config, _as_recorded(workdir, target))
+    resolved = config if target is None else _with_init_from(config, target)
     return tc, mesh, workdir, resolved, run_config.check_resume(workdir, resolved, mode)
 
 
@@ -174,6 +162,8 @@ def _train_and_evaluate(config, workdir: str, mode: str = "train"):
     if mode == "train":
         config = warm_up(config, workdir)  # = resolved, once the warm-up's checkpoint exists
     params0 = initial_params(config, task)
+    # what the run started from too: a resume whose init_from changed is refused on restore
+    identity = {**run_identity(task), **integrity.init_identity(config.init_from, params0)}
     step_fn, inputs = task.build(params0, mesh=mesh)
     # state replicated (or FSDP over data), inputs replicated; compiled once for this mesh
     jstep, state, inputs, _ = sharding.jit_step(
@@ -185,7 +175,7 @@ def _train_and_evaluate(config, workdir: str, mode: str = "train"):
         wrap=trace_once,
     )
     ckpt = ckpt_lib.Checkpointer(
-        workdir / "checkpoints", keep=tc.keep_checkpoints, identity=run_identity(task)
+        workdir / "checkpoints", keep=tc.keep_checkpoints, identity=identity
     )
     if ckpt.latest_step() is not None:
         try:
@@ -297,13 +287,13 @@ def _stop(ckpt, writer, done, state, signum, held):
     logs, and raise Interrupted for the CLI's one line and exit status (or, when process 0's
     flush failed, its error on every process: ``held``, as in the loop)."""
     ckpt.wait()  # the cadence may have just saved this step (asynchronously)
-    if ckpt.latest_step() != done:
-        ckpt.save(done, state, force=True)
-        ckpt.wait()
+    # not merely "exists": a resume may have fallen back past this step's damaged folder
+    saved = ckpt.has_intact(done) or ckpt.save(done, state, force=True)
+    ckpt.wait()
     with held.hold():
         writer.flush()
     held.check(done)
-    raise interrupts.Interrupted(signum, done)
+    raise interrupts.Interrupted(signum, done, saved)
 
 
 def _evaluate(task, params, step, writer, monitor, hold=contextlib.nullcontext):

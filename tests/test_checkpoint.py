@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import os
+import stat
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -19,7 +21,7 @@ from grpo_jax.checkpoint import (
     CheckpointError,
     load_params,
 )
-from grpo_jax.run_config import ensure_workdir, save_config  # the workdir's record
+from grpo_jax.run_config import check_workdir, ensure_workdir, save_config  # the record
 
 
 class TrainState(NamedTuple):
@@ -202,6 +204,37 @@ def test_ensure_workdir(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="is a file; pass a directory") as err:
         ensure_workdir(tmp_path / "file")
     assert "\n" not in str(err.value)
+
+
+def test_a_workdir_under_a_file_is_refused_naming_the_file(tmp_path: Path) -> None:
+    """A workdir whose nearest existing parent is a file: one line naming the file, before
+    anything runs (was: NotADirectoryError after the compile, the file executable, or
+    "is read-only" otherwise)."""
+    for mode in (0o755, 0o644):
+        parent = tmp_path / f"file_{mode:o}"
+        parent.write_text("x")
+        parent.chmod(mode)
+        with pytest.raises(ValueError) as err:
+            check_workdir(parent / "run" / "sub")
+        assert str(err.value) == (
+            f"--workdir {parent}/run/sub is under {parent}, which is a file, not a directory; "
+            "pass another --workdir (or move the file)"
+        )
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["file_644", "file_755"]
+
+
+def test_the_record_takes_the_umasks_mode(tmp_path: Path) -> None:
+    """config.json and config.txt are created as open() creates the workdir's other files,
+    0o666 less the umask (they were 0o600, written through tempfile.mkstemp)."""
+    config = ml_collections.ConfigDict({"lr": 0.1})
+    for umask, mode in ((0o022, 0o644), (0o077, 0o600)):
+        previous = os.umask(umask)
+        try:
+            save_config(tmp_path / f"{umask:o}", config)
+        finally:
+            os.umask(previous)
+        for name in ("config.json", "config.txt"):
+            assert stat.S_IMODE((tmp_path / f"{umask:o}" / name).stat().st_mode) == mode
 
 
 def test_save_config(tmp_path: Path) -> None:

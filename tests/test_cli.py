@@ -284,22 +284,40 @@ def test_an_evaluation_checks_the_workdir_before_it_builds_the_task(tmp_path, mo
         trainer.evaluate_only(config, str(tmp_path))
 
 
-def test_a_warm_up_is_found_however_the_workdir_is_spelled(tmp_path, monkeypatch):
-    """The warm-up's init_from is recorded as the first run spelled the workdir: a resume that
-    spells it absolute (or relative) names the same directory and is not refused."""
-    from grpo_jax import trainer
+def test_a_warm_up_is_found_however_the_workdir_is_spelled_or_moved(tmp_path, monkeypatch):
+    """The warm-up's init_from is recorded relative to the workdir (was: as typed, so that a
+    resume from another directory was refused with init_from='arr/pretrain' (now
+    '/tmp/review_run/arr/pretrain')); a resume of the workdir from anywhere, or of a copy of
+    it, compares the directories. Another init_from is recorded resolved, and a record as
+    earlier versions wrote it (as typed) still resumes from the directory it was typed in."""
+    import json
+
     from grpo_jax.configs.arithmetic import get_config
     from grpo_jax.run_config import check_resume, record
+    from grpo_jax.trainer import _with_init_from
 
-    monkeypatch.chdir(tmp_path)
     config = get_config("tiny")
-    (tmp_path / "run" / "pretrain").mkdir(parents=True)
-    record(Path("run"), trainer._with_init_from(config, Path("run") / "pretrain"), {}, 4)
+    (tmp_path / "elsewhere").mkdir()
+    monkeypatch.chdir(tmp_path)
+    record(Path("run"), _with_init_from(config, Path("run") / "pretrain"), {}, 4)
     _committed(tmp_path / "run")
-    absolute = tmp_path / "run"
-    spelled = trainer._as_recorded(absolute, absolute / "pretrain")
-    assert spelled == "run/pretrain"
-    assert check_resume(absolute, trainer._with_init_from(config, spelled)) == {}
+    assert json.loads(Path("run/config.json").read_text())["init_from"] == "pretrain"
+    monkeypatch.chdir(tmp_path / "elsewhere")
+    for run in (tmp_path / "run", Path("../run")):
+        assert check_resume(run, _with_init_from(config, run / "pretrain")) == {}
+    shutil.copytree(tmp_path / "run", tmp_path / "copy")
+    copy = tmp_path / "copy"
+    assert check_resume(copy, _with_init_from(config, copy / "pretrain")) == {}
+    with pytest.raises(ValueError, match=f"init_from='{copy / 'pretrain'}' \\(now '{tmp_path}"):
+        check_resume(copy, _with_init_from(config, "pre"))  # ./pre, here: another directory
+    record(Path("out"), _with_init_from(config, "pre"), {}, 4)  # outside the workdir: resolved
+    _committed(Path("out"))
+    assert json.loads(Path("out/config.json").read_text())["init_from"] == str(
+        Path("pre").resolve()
+    )
+    legacy = json.loads(Path("out/config.json").read_text()) | {"init_from": "pre"}
+    Path("out/config.json").write_text(json.dumps(legacy))
+    assert check_resume(Path("out"), _with_init_from(config, Path.cwd() / "pre")) == {}
 
 
 def test_a_started_grpo_run_does_not_train_its_warm_up_on(tmp_path, monkeypatch):

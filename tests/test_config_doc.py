@@ -26,6 +26,27 @@ def test_every_field_of_every_variant_has_a_comment(name):
         assert not missing, f"{name}:{variant} fields without a comment: {missing}"
 
 
+def test_a_get_config_without_an_argument_loads(tmp_path):
+    """The plain ml_collections ``def get_config():`` is called without one (it was refused:
+    "get_config() takes 0 positional arguments but 1 was given"); a variant given to it is
+    one line naming the fix."""
+    path = tmp_path / "plain.py"
+    path.write_text(
+        "from grpo_jax.configs import toy_bandit\n\n"
+        "def get_config():\n    return toy_bandit.get_config('tiny')\n"
+    )
+    config = config_blocks.load_config(str(path), **{"group.size": 3})
+    assert config.group.size == 3
+    assert (
+        config.to_dict()
+        == config_blocks.load_config("toy_bandit", "tiny", **{"group.size": 3}).to_dict()
+    )
+    with pytest.raises(
+        ValueError, match=r"get_config\(\) takes no variant, got 'tiny'; drop ':tiny'"
+    ):
+        config_blocks.load_config(f"{path}:tiny")
+
+
 def test_listing_shows_value_and_comment_of_each_field():
     config = config_blocks.load_config("shakespeare", "sampled", **{"group.size": 7})
     text = config_doc.describe(config, config_blocks.config_path("shakespeare"))

@@ -444,7 +444,7 @@ def test_a_signal_stop_raises_process_0s_failed_flush_on_every_process(monkeypat
 
     from grpo_jax import interrupts, trainer
 
-    ckpt = types.SimpleNamespace(wait=lambda: None, latest_step=lambda: 2)
+    ckpt = types.SimpleNamespace(wait=lambda: None, has_intact=lambda step: step == 2)
     writer = types.SimpleNamespace(flush=lambda: None)  # process 1's: a no-op
     stop = lambda: trainer._stop(ckpt, writer, 2, None, signal.SIGTERM, dist.HeldError())
     with pytest.raises(interrupts.Interrupted):

@@ -15,6 +15,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import types
 from pathlib import Path
 
 import jax
@@ -165,6 +166,34 @@ def test_uncommitted_step_folders_are_ignored_with_a_warning(tmp_path, caplog):
         assert_bitwise(ckpt.restore(state_of(0)), state_of(3))
     assert (directory / "3.damaged" / "state").is_dir()
     assert ckpt_lib.latest_step_of(directory) == 3
+
+
+def test_a_signal_saves_its_step_over_the_damaged_one_a_resume_fell_back_past(tmp_path):
+    """A resume fell back past step 2's damaged folder and a signal came at step 2: the step is
+    saved (the damaged folder set aside) and said so, once. It was skipped because step 2
+    existed, with "checkpoint saved" printed, and the rerun fell back past it again; where the
+    folder cannot be set aside (several processes) the line says it was not saved."""
+    from grpo_jax import interrupts
+    from grpo_jax.distributed import HeldError
+
+    directory = saved(tmp_path / "checkpoints")
+    (directory / "2" / "state" / "manifest.ocdbt").write_bytes(b"")
+    writer = types.SimpleNamespace(flush=lambda: None)
+    stop = lambda ckpt, state: trainer._stop(ckpt, writer, 2, state, signal.SIGTERM, HeldError())
+    with ckpt_lib.Checkpointer(directory) as ckpt:
+        ckpt.restore(state_of(0))  # step 1's
+        ckpt._set_aside = lambda step: False
+        with pytest.raises(interrupts.Interrupted, match="at step 2: not saved .* move its"):
+            stop(ckpt, state_of(7))
+    with ckpt_lib.Checkpointer(directory) as ckpt:
+        ckpt.restore(state_of(0))
+        with pytest.raises(interrupts.Interrupted, match="at step 2: checkpoint saved, rerun"):
+            stop(ckpt, state_of(7))
+        with pytest.raises(interrupts.Interrupted, match="at step 2: checkpoint saved, rerun"):
+            stop(ckpt, state_of(8))  # saved already: kept, not set aside again
+    with ckpt_lib.Checkpointer(directory) as ckpt:
+        assert_bitwise(ckpt.restore(state_of(0)), state_of(7))
+    assert sorted(p.name for p in directory.iterdir()) == ["1", "2", "2.damaged"]
 
 
 # --- Through the entry point: SIGTERM, SIGKILL and the logs after a resume ----------------

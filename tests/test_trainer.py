@@ -206,6 +206,25 @@ def test_pretrain_then_init_from(tmp_path, shakespeare_path):
     assert differs(fresh, pre_state.params)
 
 
+def test_a_resume_whose_init_from_moved_on_is_refused(tmp_path, shakespeare_path):
+    """Every resume reads its initial params and KL reference from init_from again: a resume
+    goes ahead while init_from holds the params the run started from, and once pretraining
+    went on there it is refused in one line (it trained on against another reference, kl
+    7.4e-4 instead of 1e-15 on arithmetic:tiny), the run's checkpoints untouched."""
+    pre = tiny(shakespeare_path)
+    run(pre, tmp_path / "pre", mode="pretrain")
+    grpo = tiny(shakespeare_path)
+    grpo.init_from = str(tmp_path / "pre")
+    run(grpo, tmp_path / "grpo", num_steps=2)  # stopped after step 2
+    assert int(run(grpo, tmp_path / "grpo", num_steps=3)[0].step) == 3  # the same init_from
+    pre.pretrain.num_steps += 1
+    run(pre, tmp_path / "pre", mode="pretrain")  # pretraining goes on into init_from
+    saved = {p: p.read_bytes() for p in (tmp_path / "grpo").rglob("*") if p.is_file()}
+    with pytest.raises(ckpt_lib.CheckpointError, match=r"init_from \S*pre's latest checkpoint"):
+        run(grpo, tmp_path / "grpo")
+    assert {p: p.read_bytes() for p in (tmp_path / "grpo").rglob("*") if p.is_file()} == saved
+
+
 def test_a_signal_in_the_last_step_finishes_the_run(tmp_path, shakespeare_path, monkeypatch):
     """SIGTERM during the final step: the run is complete, so it ends as one (on_end draws
     the heatmap) instead of reporting an interruption a rerun could not resume from."""
