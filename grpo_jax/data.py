@@ -169,12 +169,15 @@ class Corpus(NamedTuple):
 
 def read_corpus(data_config) -> tuple[str, int, str]:
     """The corpus text, where its train split ends (train first, contiguous) and the file's
-    sha256. `data_config` is `config.data`; missing fields take their defaults."""
+    sha256. `data_config` is `config.data`; missing fields take their defaults. The text is
+    the file's characters as they are: "\r\n" and "\r" stay (no universal newlines), so
+    the vocabulary and the decoded text are the file's, whose sha256 the checkpoints hold."""
     frac = float(data_config.get("train_fraction", 0.9))
     if not 0.0 < frac < 1.0:
         raise ValueError(f"data.train_fraction={frac} must lie strictly in (0, 1)")
     path = resolve_data_path(data_config.get("path", ""))
-    text = path.read_text(encoding="utf-8")
+    with open(path, encoding="utf-8", newline="") as f:
+        text = f.read()
     return text, int(len(text) * frac), file_sha256(path)
 
 

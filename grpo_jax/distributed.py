@@ -85,12 +85,14 @@ def _device_ids(ids: Sequence[str | int] | None) -> tuple[int, ...] | None:
     if ids is None:
         return None
     text = [str(i).strip() for i in ids if str(i).strip()]
-    if not text or not all(t.isdigit() for t in text) or len(set(text)) != len(text):
+    # isdecimal, not isdigit ("²" is a digit int() refuses); distinct as numbers ("0" = "00")
+    numbers = [int(t) for t in text if t.isascii() and t.isdecimal()]
+    if not text or len(numbers) != len(text) or len(set(numbers)) != len(numbers):
         raise ValueError(
             f"--local_device_ids={','.join(map(str, ids))} must be distinct device numbers "
             "separated by commas, e.g. --local_device_ids=0,1,2,3"
         )
-    return tuple(int(t) for t in text)
+    return tuple(numbers)
 
 
 def _pick(flag_value, name: str, environ: Mapping[str, str], as_int: bool):

@@ -231,21 +231,24 @@ def host_values(terms, shape, prompts, completions, fields):
     return values.reshape(len(terms), *shape), valid.reshape(len(terms), *shape)
 
 
+FLOAT32_MAX = float(np.finfo(np.float32).max)  # a larger value is stored as inf
+
+
 def _host_score(name: str, x) -> float | None:
-    """One completion's value from a Python term: a finite number, or None (unscored). NaN
-    also means unscored, as in TRL, which stores None as NaN; anything else stops the run in
-    one line naming the term."""
+    """One completion's value from a Python term: a number finite in float32 (the values are
+    stored so), or None (unscored). NaN also means unscored, as in TRL, which stores None as
+    NaN; anything else stops the run in one line naming the term."""
     if x is None:
         return None
     try:  # float("42") would read a string as a score
         score = float(x)
-        ok = not math.isinf(score) and not isinstance(x, str | bytes)
-    except (TypeError, ValueError):
+        ok = not isinstance(x, str | bytes) and not abs(score) > FLOAT32_MAX  # NaN passes
+    except (TypeError, ValueError, OverflowError):  # OverflowError: an int past a float
         ok = False
     if not ok:
         raise ValueError(
             f"reward term {name!r} returned {reprlib.repr(x)}; return one finite float (or "
-            "None) per completion"
+            f"None) per completion, finite in float32 too (|x| <= {FLOAT32_MAX:.4g})"
         )
     return None if math.isnan(score) else score
 

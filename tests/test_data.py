@@ -88,6 +88,20 @@ def test_load_corpus_rejects_bad_fraction_and_tiny_splits(tmp_path):
     assert len(small.train) == 85 and len(small.val) == 10
 
 
+def test_a_corpus_keeps_its_line_endings(tmp_path):
+    """A CRLF corpus reads as its characters: "\r" is in the vocabulary and the splits decode
+    to the file's text (universal newlines made it "\n", a vocabulary that then refused the
+    file's own "\r\n")."""
+    path = tmp_path / "crlf.txt"
+    raw = "to be or not to be\r\n" * 5
+    path.write_bytes(raw.encode())
+    corpus = data.load_corpus(config_dict.ConfigDict({"path": str(path)}))
+    assert corpus.vocab.chars == "\n\r benort"
+    both = np.concatenate([corpus.train, corpus.val])
+    assert corpus.vocab.decode(both) == raw
+    np.testing.assert_array_equal(corpus.vocab.encode("be\r\n"), corpus.vocab.encode(raw[16:20]))
+
+
 def test_sample_windows_are_corpus_slices(corpus):
     train_text = corpus.vocab.decode(corpus.train)
     tokens = jnp.asarray(corpus.train)

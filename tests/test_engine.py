@@ -289,12 +289,20 @@ def test_a_reward_term_that_fails_is_named_in_one_line():
     def string(**_):
         return [1.0, "42", 0.0, 1.0]
 
+    def past_float32(**_):  # finite in Python, inf once stored as float32
+        return [1.0, 1e39, 0.0, 1.0]
+
+    def past_float(**_):  # float(10**400) raises OverflowError
+        return [1.0, 10**400, 0.0, 1.0]
+
     for fn, text in (
         (raises, "raised KeyError"),
         (short, "returned 1 values for 4"),
         (nested, r"returned \[0.5\]; return one finite float"),
         (infinite, "returned -inf; return one finite float"),
         (string, "returned '42'; return one finite float"),
+        (past_float32, r"returned 1e\+39; return one finite float .* float32"),
+        (past_float, r"returned 1000.*; return one finite float"),
     ):
         with pytest.raises(ValueError, match=f"reward term 'mine' {text}") as err:
             rewards.host_values(

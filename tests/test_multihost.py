@@ -527,6 +527,8 @@ def test_launch_flags_fall_back_to_the_environment():
         ({"coordinator_address": "h:0"}, {}, ["'h:0'", "HOST:PORT"]),
         ({"local_device_ids": ["0", "0"]}, {}, ["--local_device_ids=0,0", "distinct"]),
         ({"local_device_ids": ["a"]}, {}, ["--local_device_ids=a"]),
+        ({"local_device_ids": ["1", "01"]}, {}, ["--local_device_ids=1,01", "distinct"]),
+        ({"local_device_ids": ["²"]}, {}, ["--local_device_ids=²", "device numbers"]),
     ],
 )
 def test_bad_launch_settings_are_one_line(kwargs, environ, words):
