@@ -12,8 +12,8 @@ import functools
 import hashlib
 import os
 import pathlib
-import tempfile
 import urllib.request
+import uuid
 from typing import NamedTuple
 
 import jax
@@ -104,9 +104,9 @@ def download_corpus(dest: pathlib.Path) -> pathlib.Path:
     leaves a half-written `dest` behind.
     """
     dest.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp_name = tempfile.mkstemp(dir=dest.parent, prefix=dest.name + ".", suffix=".download")
-    os.close(fd)
-    tmp = pathlib.Path(tmp_name)
+    # a unique name, not a mkstemp file: that is created 0o600, which the download writing
+    # into it and the rename would keep; _fetch creates it with the umask's mode instead
+    tmp = dest.parent / f"{dest.name}.{uuid.uuid4().hex}.download"
     try:
         _fetch(CANONICAL_URL, tmp)
         digest = file_sha256(tmp)

@@ -1,6 +1,7 @@
 """Tests for grpo_jax.data: vocabulary, corpus location, splits and batches."""
 
 import hashlib
+import os
 import shutil
 
 import chex
@@ -212,6 +213,9 @@ def test_download_verifies_and_renames(fresh_env, shakespeare_path, monkeypatch)
     assert path == data.cache_path() and calls == [data.CANONICAL_URL]
     assert data.file_sha256(path) == data.CANONICAL_SHA256
     assert sorted(p.name for p in path.parent.iterdir()) == [path.name]
+    umask = os.umask(0o022)
+    os.umask(umask)
+    assert path.stat().st_mode & 0o777 == 0o666 & ~umask  # as open() makes it, not 0o600
     data.resolve_data_path("")  # now cached: no second download
     assert len(calls) == 1
 
