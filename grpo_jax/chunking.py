@@ -84,14 +84,12 @@ def accumulated(fn, chunk: int, diff, *member_args):
             f = lambda live: fn(rebuild(live), *xs)
             if not with_grad:
                 j, aux = f(live)
-                return acc, (jnp.sum(j * real.astype(j.dtype)), aux)
+                return acc, (jnp.sum(j * real), aux)
             j, vjp, aux = jax.vjp(f, live, has_aux=True)
-            w = jnp.broadcast_to(real, j.shape).astype(j.dtype)
-            (g,) = vjp(w)  # the gradient of Σ over the slice's real members of j
-            return [a + x.astype(a.dtype) for a, x in zip(acc, g, strict=True)], (
-                jnp.sum(j * w),
-                aux,
-            )
+            # the gradient of Σ over the slice's real members of j
+            (g,) = vjp(jnp.broadcast_to(real, j.shape).astype(j.dtype))
+            acc = [a + x.astype(a.dtype) for a, x in zip(acc, g, strict=True)]
+            return acc, (jnp.sum(j * real), aux)
 
         acc0 = [jnp.zeros(x.shape, jnp.promote_types(x.dtype, jnp.float32)) for x in live]
         grads, (js, aux) = jax.lax.scan(body, acc0, (slices, real))

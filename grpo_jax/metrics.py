@@ -47,11 +47,8 @@ def _prompt_stats(part, forced: bool):
     valid = (mm.sum(1) > 0).astype(jnp.float32)
     big, small = jnp.where(mm > 0, ret, -jnp.inf), jnp.where(mm > 0, ret, jnp.inf)
     spread = jnp.where(valid > 0, big.max(1) - small.min(1), 0.0)
-    if forced:  # π̄ of each member's first token, a stand-in's weight included
-        n_cont = part.tokens.shape[1] // max(part.actions.shape[1], 1)
-        pw = scoring.first_token_weights(part, n_cont) * mm
-    else:
-        pw = mm
+    # forced: π̄ of each member's first token, a stand-in's weight included
+    pw = scoring.first_token_weights(part) * mm if forced else mm
     policy_mean = (ret * pw).sum(1) / jnp.maximum(pw.sum(1), 1e-30)
     tm = part.token_mask
     stats = {

@@ -25,18 +25,18 @@ def sequence_returns(rewards, mask, discount=1.0):
     return jnp.sum(rewards * w, -1) / jnp.maximum(jnp.sum(w, -1), 1e-30)
 
 
-def first_token_weights(part: Part, n_cont: int):
+def first_token_weights(part: Part):
     """π̄ [B, K] of each forced member's first token: π_old, times the importance weight of a
     member that stands for others (``action_weights`` > 0: a class representative, a guided
-    explorer); ``n_cont`` members repeat each action."""
+    explorer). The K members repeat each of the A actions K / A times (first_action_layout)."""
     pi = jnp.exp(part.logp_old[..., 0])
     if part.action_weights is None:
         return pi
-    w = first_action_layout(part.action_weights, n_cont)
+    w = first_action_layout(part.action_weights, pi.shape[1] // part.actions.shape[1])
     return pi * jnp.where(w > 0, w, 1.0)
 
 
-def return_credit(part: Part, returns, ok, scale, n_cont):
+def return_credit(part: Part, returns, ok, scale):
     """``group.continuation_credit=return``: every continuation token of a forced member gets
     its member's return advantage, weighted by the policy's probability of the member's first
     token.
@@ -55,7 +55,7 @@ def return_credit(part: Part, returns, ok, scale, n_cont):
     divided by about t - 1 against the decision point's. Advantage scale
     ``group`` divides by the π̄-weighted std, ``batch`` by the root of its mean over the
     prompts, as the decision point's does."""
-    pi = jnp.where(ok, first_token_weights(part, n_cont), 0.0)
+    pi = jnp.where(ok, first_token_weights(part), 0.0)
     adv = objective.policy_weighted_advantages(returns, pi, scale, mask=ok)
     rho = pi / jnp.maximum(pi.sum(1, keepdims=True), 1e-30) * ok.sum(1, keepdims=True)
     return adv * rho
@@ -96,7 +96,7 @@ def score(part: Part, forced: bool, rewards, valid, spec: GroupSpec, scale, per_
     adv0 = first_action_layout(objective.group_advantages(action_returns, scale, mask=action_ok), n)
     if spec.continuation_credit == "return":
         adv_rest = jnp.broadcast_to(
-            return_credit(part, returns, ok, scale, n)[..., None], rewards[..., 1:].shape
+            return_credit(part, returns, ok, scale)[..., None], rewards[..., 1:].shape
         )
     else:
         adv_rest = objective.group_advantages(rewards[..., 1:], scale, mask=tok_ok[..., 1:])

@@ -234,7 +234,7 @@ def test_return_credit_weights_continuations_by_the_first_tokens_probability():
         jnp.asarray(np.repeat(logp0[..., None], 3, -1)), jnp.arange(4)[None], jnp.ones((1, 4)),
         None, None, None, None, None, None,
     )  # fmt: skip
-    got = scoring.return_credit(part, jnp.asarray(returns), jnp.asarray(ok), "none", 1)
+    got = scoring.return_credit(part, jnp.asarray(returns), jnp.asarray(ok), "none")
     pi = np.exp(logp0) * ok
     b = (pi * returns).sum() / pi.sum()
     want = (returns - b) * 3 * pi / pi.sum() * ok
