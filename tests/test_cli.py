@@ -286,9 +286,9 @@ def test_an_evaluation_checks_the_workdir_before_it_builds_the_task(tmp_path, mo
 
 def test_a_warm_up_is_found_however_the_workdir_is_spelled_or_moved(tmp_path, monkeypatch):
     """The warm-up's init_from is recorded relative to the workdir (was: as typed, so that a
-    resume from another directory was refused with init_from='arr/pretrain' (now
-    '/tmp/review_run/arr/pretrain')); a resume of the workdir from anywhere, or of a copy of
-    it, compares the directories. Another init_from is recorded resolved, and a record as
+    workdir started as 'arr' recorded init_from='arr/pretrain', and its resume from any other
+    directory was refused as a changed init_from); a resume of the workdir from anywhere, or of
+    a copy of it, compares the directories. Another init_from is recorded resolved, and a record as
     earlier versions wrote it (as typed) still resumes from the directory it was typed in."""
     import json
 

@@ -201,6 +201,24 @@ def test_fill_in_record_renders_to_its_markdown():
     assert "| steps | reward_mean s0 |" in old and "predates the engine refactor" in old
 
 
+def test_the_fill_in_reading_follows_the_record():
+    """The verdict's reading takes its figures from the record: the optimum's single-char gain,
+    the seeds' final policies against the reference (not the baseline's, last in the list), and
+    the top-2 margin statistics of the ablation's GRPO runs at T = 1 only (its T != 1 runs read
+    the KL reference untempered; with them the slopes went down to 0.14)."""
+    summary = json.loads((RESULTS / "fill_in.json").read_text())
+    ab = json.loads((RESULTS / "fill_in_ablation.json").read_text())
+    opt = {"reference": 0.36, "optimum": 0.38, "policies": [0.358, 0.359, 0.355, 0.30]}
+    text = fill_in_report.reading(opt, 3, ab)
+    assert "by +0.0200" in text and "none of that gain" in text
+    assert "-0.0050 to -0.0010 against" in text
+    assert "correlates\n0.45-0.62 with the optimum's at 0.19-0.26 of" in text
+    opt["policies"][1] = 0.365
+    assert "only part of that gain" in fill_in_report.reading(opt, 3, ab)
+    assert "+0.0050 against" in fill_in_report.reading(opt, 3, ab)
+    assert len(summary["single_char_optimum"]["policies"]) == len(summary["seeds"]) + 1
+
+
 def test_the_h100_record_is_its_lease_calls_assembled():
     """The committed H100 record is gpu_suite_assemble.fold of its lease's two calls: call 2's
     measurements (pallas and profile added to call 1's), call 1's suite wall time (call 2's
