@@ -96,6 +96,8 @@ def flop_counts(step, state, inputs, batch, compiled=None):
     for half, (fn, *args) in halves.items():
         got = step_flops(fn, *args)
         counts[f"{half}_matmul_flops"] = got["matmul_flops"]
+        if half == "rollout":  # its decode loop's share: gpu_suite_parts.rollout_floor
+            counts["rollout_loop_matmul_flops"] = got["loop_matmul_flops"]
         if "matmul_uncounted" in got:  # e.g. a Pallas decode kernel's products: not in the MFU
             counts[f"{half}_matmul_uncounted"] = got["matmul_uncounted"]
     return counts

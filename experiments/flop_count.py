@@ -228,6 +228,22 @@ def matmul_flops_of(jaxpr, batched: bool | None = None, uncounted: list | None =
     return total
 
 
+def loop_matmul_flops(jaxpr, uncounted: list | None = None) -> int:
+    """The part of matmul_flops_of(jaxpr) that runs inside a scan (at any depth): in a
+    rollout, its decode loop, the steps that run one after another; what is left (the prompt
+    prefill, the reference's pass over the completions) runs as whole-sequence passes. Fused
+    kernels are not looked into (a Pallas kernel's own loops are the kernel's)."""
+    total = 0
+    for eqn in jaxpr.eqns:
+        name = eqn.primitive.name
+        if name == "scan":
+            for sub, n in _sub_jaxprs(eqn):
+                total += sum(t * dot_flops(d) for d, t in executed_dots(sub, n, uncounted))
+        elif name != "pallas_call" and name not in CUDNN_ATTENTION:
+            total += sum(n * loop_matmul_flops(sub, uncounted) for sub, n in _sub_jaxprs(eqn))
+    return total
+
+
 def dot_flops(eqn) -> int:
     """2·M·N·K of one dot_general equation: every output element sums over the contracted
     dimensions."""
@@ -243,6 +259,7 @@ def step_flops(fn, *args, compiled=None):
     ``length`` times (the rollout's decode loop, the μ updates, the member chunks) and the
     backward pass's recomputation included, fused kernels as the products they run
     (executed_dots): the work the hardware does, the roofline's numerator.
+    ``loop_matmul_flops``: the part of it inside scans (loop_matmul_flops).
     ``matmul_uncounted`` (only where there is any): the matmul work it holds that the count
     leaves out (merged_uncounted), e.g. model.decode_kernel=pallas's decode attention.
     ``xla_flops``: XLA's own cost analysis of the compiled executable (all ops, but a loop
@@ -250,6 +267,7 @@ def step_flops(fn, *args, compiled=None):
     uncounted = []
     jaxpr = jax.make_jaxpr(fn)(*args).jaxpr
     out = {"matmul_flops": int(matmul_flops_of(jaxpr, uncounted=uncounted))}
+    out["loop_matmul_flops"] = int(loop_matmul_flops(jaxpr, uncounted=[]))
     if uncounted:
         out["matmul_uncounted"] = merged_uncounted(uncounted)
     if compiled is not None:

@@ -7,6 +7,7 @@ import math
 
 from gpu_suite_parts import nominal_of
 from gpu_suite_plan import SUITE_BUDGET_S
+from xla_profile import matmul_busy
 
 
 def fmt(x, spec=".3g", none="–"):
@@ -260,15 +261,7 @@ def large_section(large: dict, batch: str) -> list:
                 f"{pct(u.get('mfu_nominal'))} | {pct(u.get('mfu_measured'))} |"
             )
         if fl := large.get("rollout_floor"):
-            lines.append(
-                f"- The rollout's floor on the nominal figures: its decode loop reads at least "
-                f"{fl['decode_bytes'] / 1e9:.1f} GB (weights, prompt keys and values, member "
-                f"cache per step) in {1e3 * fl['memory_s']:.1f} ms at "
-                f"{fl['bandwidth_bytes_per_s'] / 1e12:.2f} TB/s, its matmuls take "
-                f"{1e3 * fl['compute_s']:.1f} ms at the peak: measured "
-                f"{fl['times_floor']:.1f}× the larger, an MFU ceiling of "
-                f"{pct(fl['mfu_ceiling'])}."
-            )
+            lines.append(floor_line(fl))
         for half in ("rollout", "update"):
             for e in large.get(f"{half}_matmul_uncounted", []):
                 lines.append(
@@ -278,6 +271,31 @@ def large_section(large: dict, batch: str) -> list:
         if large.get("note"):
             lines.append(f"- {large['note']}")
     return lines
+
+
+def floor_line(fl: dict) -> str:
+    """The large part's rollout floor (gpu_suite_parts.rollout_floor). A record from before
+    2026-11-29 holds the floor that took the rollout's phases as overlapping: it is shown as
+    recorded, with where the corrected one is."""
+    reads = (
+        f"its decode loop reads at least {fl['decode_bytes'] / 1e9:.1f} GB (weights, prompt keys "
+        f"and values, member cache per step) in {1e3 * fl['memory_s']:.1f} ms at "
+        f"{fl['bandwidth_bytes_per_s'] / 1e12:.2f} TB/s"
+    )
+    if "floor_s" not in fl:
+        return (
+            f"- The rollout's floor on the nominal figures: {reads}, its matmuls take "
+            f"{1e3 * fl['compute_s']:.1f} ms at the peak: measured {fl['times_floor']:.1f}× the "
+            f"larger, an MFU ceiling of {pct(fl['mfu_ceiling'])} (as recorded: that floor took "
+            "the rollout's phases as overlapping; rollout_floor_recount.md sums them)."
+        )
+    return (
+        f"- The rollout's floor on the nominal figures: {reads}, and its matmuls take "
+        f"{1e3 * fl['loop_compute_s']:.1f} ms at the peak; the prefill's and the reference's "
+        f"matmuls, before and after the loop, {1e3 * fl['outside_loop_compute_s']:.1f} ms. "
+        f"Floor {1e3 * fl['floor_s']:.1f} ms: measured {fl['times_floor']:.1f}× it, an MFU "
+        f"ceiling of {pct(fl['mfu_ceiling'])}."
+    )
 
 
 def profile_section(prof: dict, name: str) -> list:
@@ -298,10 +316,10 @@ def profile_section(prof: dict, name: str) -> list:
         f"- by stage: {share(prof['by_stage']) or '– (nothing attributed)'}",
         f"- by kind: {share(prof['by_kind']) or '– (nothing attributed)'}",
     ]
-    for kind, g in prof["matmul_gflop_per_step"].items():
-        ms = prof["by_kind"].get(kind, 0.0)  # GFLOP per ms is TFLOP/s
-        rate = f"{g / ms:.3g} TFLOP/s busy" if ms > 0 else "– (no kernel of this kind attributed)"
-        lines.append(f"- {kind}: {g:.3g} GFLOP / step at {rate}")
+    kinds = ", ".join(f"{k} {g:.3g}" for k, g in prof["matmul_gflop_per_step"].items())
+    g, ms = matmul_busy(prof)  # GFLOP per ms is TFLOP/s
+    rate = f"{g / ms:.3g} TFLOP/s busy" if ms > 0 else "– (no matmul kernel attributed)"
+    lines.append(f"- matmuls: {g:.3g} GFLOP / step ({kinds}) in {ms:.1f} ms at {rate}")
     ops = prof.get("by_op", [])[:8]  # records from before it was kept have none
     lines += ["- costliest source ops (layers and loop segments summed):"] if ops else []
     lines += [f"  - `{r['op']}` ({r['kind']}, {r['stage']}): {r['thunk_ms']:.1f} ms" for r in ops]

@@ -58,8 +58,9 @@ def bench_figures(r: dict, dtype: str, info: dict) -> dict:
         if roof.get(f"{half}_matmul_uncounted"):  # left out of its FLOPs and MFU: say so
             out[f"{half}_matmul_uncounted"] = roof[f"{half}_matmul_uncounted"]
     nbytes = decode_bytes(r.get("overrides", {}), r["params"])
+    loop = roof.get("rollout_loop_matmul_flops")
     out["rollout_floor"] = rollout_floor(
-        out["rollout_matmul_flops"], bd["rollout_s"], nbytes, dtype, info
+        out["rollout_matmul_flops"], loop, bd["rollout_s"], nbytes, dtype, info
     )
     return out
 

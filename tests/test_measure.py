@@ -60,6 +60,47 @@ def test_batched_and_dense_matmuls_are_counted_apart():
     assert matmul_flops_of(jaxpr) == dense + batched
 
 
+def test_loop_flops_are_the_matmuls_inside_scans_at_any_depth():
+    """loop_matmul_flops counts the dots a scan runs (its length times, inside a jit too) and
+    leaves the ones before and after it out: the rollout floor's decode loop."""
+    from flop_count import loop_matmul_flops, matmul_flops_of
+
+    @jax.jit
+    def inner(x, w):
+        return jax.lax.scan(lambda c, _: (jnp.tanh(c @ w), None), x, None, length=5)[0]
+
+    f = lambda x, w: inner(x @ w, w) @ w
+    jaxpr = jax.make_jaxpr(f)(jnp.ones((16, 32)), jnp.ones((32, 32))).jaxpr
+    one = 2 * 16 * 32 * 32
+    assert (loop_matmul_flops(jaxpr), matmul_flops_of(jaxpr)) == (5 * one, 7 * one)
+
+
+def test_a_rollouts_loop_flops_are_its_decode_steps_by_hand(shakespeare_path, monkeypatch):
+    """The sampled rollout's loop FLOPs are its H - 1 decode steps, counted by hand: per step
+    and member, 24·D² per layer (qkv, out, the 4·D MLP), the 2·D·V head, and per layer the
+    scores and values against the P prompt positions and the S member-cache slots
+    (4·(P + S)·D); the prefill and the reference's pass are outside the loop."""
+    from flop_count import step_flops
+
+    from grpo_jax import trainer
+    from grpo_jax.configs.shakespeare import get_config
+    from grpo_jax.tasks import build_task
+
+    monkeypatch.setenv("GRPO_JAX_DATA", str(shakespeare_path))
+    cfg = get_config("sampled")
+    cfg.update_from_flattened_dict({"group.size": 4, "reference.kind": "policy",
+        "train.batch_size": 2, "model.num_layers": 2, "model.num_heads": 2,
+        "model.d_model": 32, "data.context_len": 20, "data.horizon": 9})  # fmt: skip
+    task = build_task(cfg, "train")
+    params = trainer.initial_params(cfg, task)
+    step, inputs = task.build(params)
+    got = step_flops(step.rollout, task.make_state(params), inputs)
+    rows, n_l, d, v, p, s = 2 * 4, 2, 32, 65, 20, 8  # 8 decode steps fill one 8-slot segment
+    per_step = rows * (n_l * 24 * d * d + 2 * d * v + n_l * 4 * (p + s) * d)
+    assert got["loop_matmul_flops"] == 8 * per_step
+    assert 0 < got["loop_matmul_flops"] < got["matmul_flops"]
+
+
 def test_the_peak_program_is_its_matmuls_and_nothing_else():
     """XLA compiles every one of the repeats (none merged or hoisted: the rate would be
     inflated) and no other arithmetic (a shifted input or an accumulator, which the earlier
