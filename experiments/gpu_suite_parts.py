@@ -105,13 +105,16 @@ def nominal_of(info: dict, dtype: str) -> float | None:
     return nominal_peak(info.get("device_kind", ""), dtype, info.get("default_matmul_precision"))
 
 
-def utilisation(flops, seconds, dtype: str, info: dict) -> dict:
-    """MFU against the nominal and the measured peak (None where either is unknown)."""
+def utilisation(flops, seconds, dtype: str, info: dict, devices: int = 1) -> dict:
+    """MFU against the nominal and the measured peak (None where either is unknown).
+    ``flops`` is the whole program's (flop_count counts a partitioned step's global work), so
+    on a mesh of ``devices`` the peaks are one device's times that many."""
     if not flops or not seconds:
         return {"mfu_nominal": None, "mfu_measured": None}
     rate = flops / seconds
     nominal = nominal_of(info, dtype)
     measured = info.get("measured_peak", {}).get(dtype, {}).get("flops_per_s")
+    nominal, measured = (devices * x if x else x for x in (nominal, measured))
     return {
         "achieved_flops_per_s": rate,
         "nominal_peak_flops_per_s": nominal,

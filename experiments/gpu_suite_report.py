@@ -23,10 +23,12 @@ GPU_MEMORY_TARGET = 80e9  # "within 80 GB"
 
 def bench_figures(r: dict, dtype: str, info: dict) -> dict:
     """A benchmark.py record's figures: s/step, tokens/s, memory, MFU (the step and each of
-    its halves, from the record's own FLOP counts)."""
+    its halves, from the record's own FLOP counts, against the peak of every device of the
+    record's mesh)."""
     if "error" in r:
         return r
     med, roof, bd = r["median_step_s"], r.get("roofline") or {}, r["breakdown"]
+    devices = (r.get("per_device") or {}).get("num_devices", 1)  # benchmark.py's mesh
     peak = roof.get("matmul_peak_gflops")  # at the model's shapes; a CPU's only
     out = {
         "dtype": dtype,
@@ -42,7 +44,7 @@ def bench_figures(r: dict, dtype: str, info: dict) -> dict:
         "matmul_flops": roof.get("matmul_flops"),
         "xla_flops": roof.get("xla_flops"),
         "matmul_peak_at_model_shapes_flops_per_s": None if peak is None else peak * 1e9,
-        "step": utilisation(roof.get("matmul_flops"), med, dtype, info),
+        "step": utilisation(roof.get("matmul_flops"), med, dtype, info, devices),
         "rollout_s": bd["rollout_s"],
         "update_s": bd["update_s"],
         "benchmark_device": r["device"],
@@ -54,14 +56,16 @@ def bench_figures(r: dict, dtype: str, info: dict) -> dict:
     for half in ("rollout", "update"):
         flops = roof.get(f"{half}_matmul_flops")
         out[f"{half}_matmul_flops"] = flops
-        out[half] = utilisation(flops, bd[f"{half}_s"], dtype, info)
+        out[half] = utilisation(flops, bd[f"{half}_s"], dtype, info, devices)
         if roof.get(f"{half}_matmul_uncounted"):  # left out of its FLOPs and MFU: say so
             out[f"{half}_matmul_uncounted"] = roof[f"{half}_matmul_uncounted"]
     nbytes = decode_bytes(r.get("overrides", {}), r["params"])
     loop = roof.get("rollout_loop_matmul_flops")
-    out["rollout_floor"] = rollout_floor(
-        out["rollout_matmul_flops"], loop, bd["rollout_s"], nbytes, dtype, info
-    )
+    out["rollout_floor"] = None  # decode_bytes models one device's reads
+    if devices == 1:
+        out["rollout_floor"] = rollout_floor(
+            out["rollout_matmul_flops"], loop, bd["rollout_s"], nbytes, dtype, info
+        )
     return out
 
 

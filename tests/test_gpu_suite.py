@@ -281,6 +281,34 @@ def test_work_the_counter_cannot_size_is_named_beside_the_mfu():
     )
 
 
+def test_mfu_on_a_mesh_divides_by_every_devices_peak():
+    """benchmark.py counts a partitioned step's global FLOPs, so its MFU on a mesh of n devices
+    is against n peaks (one H100's gave 8 devices' run 8x its MFU), and the rollout floor,
+    which models one device's reads, is left out there."""
+    sys.path.insert(0, str(ROOT / "experiments"))
+    from gpu_suite_report import bench_figures
+
+    peak = 989e12  # one H100's bf16 FLOPs in a second
+    roof = {"matmul_flops": peak * 0.1, "rollout_matmul_flops": peak * 0.04,
+            "rollout_loop_matmul_flops": peak * 0.01,
+            "update_matmul_flops": peak * 0.06}  # fmt: skip
+    record = {"median_step_s": 0.5, "roofline": roof, "params": 1000,
+              "breakdown": {"rollout_s": 0.2, "update_s": 0.3}, "tokens_per_step": 10,
+              "tokens_per_s": 20.0, "compile_s": 1.0, "step_times_s": [0.5],
+              "peak_memory_bytes": 1, "peak_memory_source": "x", "device": "gpu", "wall_s": 1.0,
+              "command": "c", "overrides": {"model.num_layers": 1, "model.d_model": 8,
+              "train.batch_size": 2, "group.size": 2, "data.context_len": 4,
+              "data.horizon": 3, "model.dtype": "bfloat16"}}  # fmt: skip
+    h100 = {"device_kind": "NVIDIA H100 80GB HBM3", "measured_peak": {}}
+    one = bench_figures(record, "bfloat16", h100)
+    assert one["step"]["mfu_nominal"] == pytest.approx(0.2)
+    assert one["rollout"]["mfu_nominal"] == pytest.approx(0.2) and one["rollout_floor"]
+    eight = bench_figures({**record, "per_device": {"num_devices": 8}}, "bfloat16", h100)
+    assert eight["step"]["mfu_nominal"] == pytest.approx(0.025)
+    assert eight["update"]["mfu_nominal"] == pytest.approx(0.025)
+    assert eight["rollout_floor"] is None
+
+
 def test_the_large_model_runs_at_each_batch_of_the_plan():
     """The GPU plan measures the 12 x 768 model at 16 prompts, and at each of --large_batches
     where given, each its own child keyed by prompts (the attention and pallas parts at the
