@@ -174,6 +174,14 @@ def ablation_section(ab):
     ]
 
 
+def moving_mean(x, k: int) -> np.ndarray:
+    """The mean of each point's window of k (centred, as np.convolve's "same" places it); at
+    the ends over the points the window holds, not over its zero padding."""
+    k = max(1, min(k, len(x) - 1 + len(x) % 2))  # odd, and no longer than the run
+    ones = np.ones(k)
+    return np.convolve(x, ones, "same") / np.convolve(np.ones(len(x)), ones, "same")
+
+
 def plot(runs, seeds, base, out: Path):
     import matplotlib
 
@@ -184,8 +192,7 @@ def plot(runs, seeds, base, out: Path):
     for r, s in zip(runs, seeds, strict=True):
         st = [c["step"] for c in r["train_curve"]]
         rewards = [train_value(c, REWARD) for c in r["train_curve"]]
-        k = max(1, min(5, len(rewards)))  # "same" is longer than a run of < 5 logs
-        rw = np.convolve(rewards, np.ones(k) / k, "same")
+        rw = moving_mean(rewards, 5)
         ax[0].plot(st, rw, label=f"seed {s}")
         es = [e["step"] for e in r["eval"]]
         ax[1].plot(es, [e["eval/judge_reward"] for e in r["eval"]], "o-", label=f"seed {s}")
@@ -235,10 +242,17 @@ def verdict(runs, seeds, opt, base, ab, keys):
     named = [f"s{s} {fmt(a)} ({a - ref:+.4f})" for s, a in zip(seeds, pol, strict=False)]
     if base is not None:
         named.append(f"old GRPO defaults {fmt(pol[-1])} ({pol[-1] - ref:+.4f})")
+    fixed = ""
+    if "fixed_point" in opt:  # records from before 2026-11-29 have the optimum only
+        fixed = (
+            f"; GRPO's fixed point (its advantages, centred on the group's mean with the "
+            f"member's own reward in it, carry (1 − 1/G) of the reward's gradient: z_ref + "
+            f"(1 − 1/G)(T/β)·r) {fmt(opt['fixed_point'])} ({opt['fixed_point'] - ref:+.4f})"
+        )
     md.append(
         f"* Exact optimum of the same objective on {opt['num_windows']} held-out single-char "
         f"spans (z_ref + (T/β)·r over all V fills, `fill_in_eval.single_char_optimum`): reference "
-        f"greedy {fmt(ref)}, optimum {fmt(opt['optimum'])} ({opt['optimum'] - ref:+.4f}); "
+        f"greedy {fmt(ref)}, optimum {fmt(opt['optimum'])} ({opt['optimum'] - ref:+.4f}){fixed}; "
         f"final policies {', '.join(named)}."
     )
     if ab is not None and not rises["fill_accuracy"]:  # why greedy accuracy lags

@@ -107,6 +107,16 @@ def test_bad_input_is_one_line(overrides, text):
     assert "\n" not in str(err.value)
 
 
+def test_model_max_len_sizes_the_positional_window():
+    """model.max_len (0: the longest prompt plus max_completion_length) is the model's
+    positional window; it was checked and then not passed on (the window stayed p + t)."""
+    sizes = []
+    for c in (tiny(), tiny(**{"model.max_len": 40})):
+        params = build_task(c, "train").init_params(jax.random.PRNGKey(0))
+        sizes.append(params["pos_embedding"].shape[0])
+    assert sizes[0] < 40 and sizes[1] == 40
+
+
 def test_an_eos_id_outside_the_vocabulary_is_refused():
     model = Transformer(vocab_size=16, num_layers=1, num_heads=2, d_model=8, max_len=10)
     with pytest.raises(ValueError, match="eos_id=16 is outside the 16-token vocabulary"):

@@ -201,6 +201,17 @@ def test_fill_in_record_renders_to_its_markdown():
     assert "| steps | reward_mean s0 |" in old and "predates the engine refactor" in old
 
 
+def test_the_reward_curves_moving_mean_is_not_pulled_to_zero_at_the_ends():
+    """The figure's 5-log moving mean divides each end's window by the points it holds (it
+    divided by 5 over np.convolve's zero padding: a constant 1 ended at 0.6)."""
+    np.testing.assert_allclose(fill_in_report.moving_mean(np.ones(8), 5), np.ones(8))
+    x = np.arange(7.0)
+    want = [1.0, 1.5, 2.0, 3.0, 4.0, 4.5, 5.0]  # the window's mean, clipped at the ends
+    np.testing.assert_allclose(fill_in_report.moving_mean(x, 5), want)
+    np.testing.assert_allclose(fill_in_report.moving_mean(np.array([2.0, 4.0]), 5), [2.0, 4.0])
+    np.testing.assert_allclose(fill_in_report.moving_mean(np.array([2.0, 4.0, 0.0]), 5), [3, 2, 2])
+
+
 def test_the_fill_in_reading_follows_the_record():
     """The verdict's reading takes its figures from the record: the optimum's single-char gain,
     the seeds' final policies against the reference (not the baseline's, last in the list), and

@@ -355,6 +355,47 @@ def test_eval_reports_greedy_accuracy_per_span_length(shakespeare_path):
     assert not {"eval/fill_accuracy/len1", "eval/fill_accuracy/len3"} & set(scalars)
 
 
+def test_eval_names_only_the_span_lengths_it_has_and_refuses_more_windows(shakespeare_path):
+    """With one held-out window there is one span, so one eval/fill_accuracy/lenK (the others
+    were logged as 0.0, read as every such span wrong); more windows than the val split holds
+    is one error line (they were silently capped)."""
+    cfg = get_config()
+    cfg.data.path = str(shakespeare_path)
+    cfg.eval.num_windows = 1
+    task = build_task(cfg, "eval")
+    scalars, _ = task.evaluate(trainer.initial_params(cfg, task))
+    (key,) = [k for k in scalars if k.startswith("eval/fill_accuracy/len")]
+    assert key in {f"eval/fill_accuracy/len{k}" for k in (1, 2, 3)}
+    assert scalars[key] == pytest.approx(scalars["eval/fill_accuracy"])
+    cfg.eval.num_windows = 100_000
+    with pytest.raises(ValueError, match=r"eval.num_windows=100000: the val split \(\d+ tokens\)"):
+        build_task(cfg, "eval")
+
+
+def test_group_sizes_are_checked_against_the_vocabulary(shakespeare_path, judge_dir):
+    """group.top_k past the 65-char vocabulary is one error line naming it (it reached
+    jax.lax.top_k, whose message names no setting)."""
+    cfg = fill_config(shakespeare_path, judge_dir)
+    cfg.group.top_k = 1000
+    with pytest.raises(ValueError, match="group.top_k=1000 must be <= the vocabulary size 65"):
+        build_task(cfg, "train")
+
+
+def test_the_judges_eval_follows_eval_seed_not_the_training_seed(
+    shakespeare_path, gen_dir, judge_dir
+):
+    """The judge's held-out corruptions are drawn from eval.seed, so judges trained on other
+    seeds are scored on the same ones (they followed config.seed)."""
+    cfg = get_config()
+    cfg.data.path, cfg.judge.negatives_from = str(shakespeare_path), str(gen_dir)
+    params = ckpt_lib.load_params(judge_dir, captured_template(cfg))
+    scores = {}
+    for seed, eval_seed in ((0, 0), (1, 0), (0, 5)):
+        cfg.seed, cfg.eval.seed = seed, eval_seed
+        scores[seed, eval_seed] = build_task(cfg, "train_judge").evaluate(params)[0]
+    assert scores[0, 0] == scores[1, 0] and scores[0, 0] != scores[0, 5]
+
+
 def test_single_char_optimum_sits_between_reference_and_judge(shakespeare_path, gen_dir, judge_dir):
     """The exact optimum z_ref + (T / beta) r: a policy equal to the reference scores as the
     reference; beta -> inf keeps every reference fill; beta -> 0 follows the judge, whose
@@ -373,3 +414,26 @@ def test_single_char_optimum_sits_between_reference_and_judge(shakespeare_path, 
     assert weak["optimum_changed"] == 0.0 and weak["optimum"] == out["reference"]
     cfg.grpo.beta = 1e-9
     assert optimum((), 48)["optimum_changed"] > 0.0
+
+
+def test_grpos_fixed_point_carries_one_less_one_over_g_of_the_reward(
+    shakespeare_path, gen_dir, judge_dir
+):
+    """Advantages centred on the group's mean, the member's own reward included, carry
+    (1 - 1/G) of the reward's gradient, so GRPO's fixed point is the optimum at beta / (1 -
+    1/G): at G = 2, the optimum at twice beta. A std scale has no closed form: refused."""
+    cfg = fill_config(shakespeare_path, judge_dir)
+    s = fill_in.load_setup(cfg)
+    template = fill_in.init_fn(s.generator, cfg.data.window_len)(jax.random.PRNGKey(0))
+    ref = ckpt_lib.load_params(gen_dir, template)
+    jparams = ckpt_lib.load_params(judge_dir, captured_template(cfg))
+    optimum = functools.partial(fill_in_eval.single_char_optimum, cfg, s, ref, jparams)
+    cfg.group.size, cfg.grpo.beta = 2, 0.05
+    got = optimum((), 64)
+    cfg.grpo.beta = 0.1
+    doubled = optimum((), 64)
+    assert got["fixed_point"] == doubled["optimum"]
+    assert got["fixed_point_changed"] == doubled["optimum_changed"] != got["optimum_changed"]
+    cfg.grpo.advantage_scale = "group"
+    with pytest.raises(ValueError, match="advantage_scale='group' has no closed-form"):
+        optimum((), 64)

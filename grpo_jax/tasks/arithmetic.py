@@ -48,8 +48,9 @@ class Data(NamedTuple):
     answer_mask: jax.Array  # [N, T] float32
 
 
-def validate(config) -> tuple[problems.ProblemSpec, int, int]:
-    """The task's settings; returns (problem spec, prompt length, completion length)."""
+def validate(config) -> tuple[problems.ProblemSpec, int, int, int]:
+    """The task's settings; returns (problem spec, prompt length, completion length, the
+    model's positional window: model.max_len, or prompt plus completion length when 0)."""
     d = config.data
     spec = problems.ProblemSpec(
         integer("data.max_digits", d.max_digits, 1),
@@ -74,7 +75,7 @@ def validate(config) -> tuple[problems.ProblemSpec, int, int]:
     integer("data.num_train", d.num_train, 1)
     integer("data.num_heldout", d.num_heldout, 1)
     ModelSpec.from_config(config.model)
-    return spec, p, t
+    return spec, p, t, window
 
 
 def encode_set(tok, problem_set: problems.Problems, prompt_len: int, completion_len: int) -> Data:
@@ -244,13 +245,13 @@ def make_build_step(config, espec, tok, policy_for, opt, train: Data, b: int, cl
 def build(config, mode: str = "train", workdir=None) -> Task:  # keeps nothing in workdir
     if mode == "train_judge":
         raise ValueError("task=arithmetic has no judge; --mode=train_judge is for task=fill_in")
-    spec, p, t = validate(config)
+    spec, p, t, window = validate(config)
     pretraining = mode == "pretrain"
     espec = None if pretraining else EngineSpec.from_config(config)
     tok = CharTokenizer()
     classes = None if espec is None else token_classes(espec, tok)
     train, held = problem_sets(config.data, spec, tok, p, t)
-    model = make_model(ModelSpec.from_config(config.model), tok.vocab_size, p + t)
+    model = make_model(ModelSpec.from_config(config.model), tok.vocab_size, window)
     stop = Stop(tok.eos_id, tok.pad_id)
 
     def policy_for(sp):

@@ -149,6 +149,8 @@ def load_setup(config) -> Setup:
 def build(config, mode: str = "train", workdir=None) -> Task:  # keeps nothing in workdir
     kinds, espec = validate(config, mode)
     s = load_setup(config)
+    if espec is not None:  # group sizes against the vocabulary, known once it is loaded
+        espec.group.check_vocab(s.v)
     if mode == "train_judge":
         return judge_task(config, s, kinds)
     # eval: judge metrics when one is given
@@ -207,8 +209,8 @@ def judge_task(config, s: Setup, kinds) -> Task:
         return step, cdata
 
     evaluate = judge_lib.make_judge_eval(
-        config, s.judge_model, s.val_windows, cdata, kinds, config.seed, gen_fill
-    )
+        config, s.judge_model, s.val_windows, cdata, kinds, int(config.eval.seed), gen_fill
+    )  # eval.seed: every judge trained on any seed is scored on the same corruptions
     return make_task(
         config, s, tx,
         init_params=init_fn(s.judge_model, length), build=build_judge, evaluate=evaluate,

@@ -3,10 +3,12 @@
 The windows are the val split's (``heldout_windows``); the spans are drawn once from
 ``eval.seed``, so every training seed is scored on the same ones. Metrics:
   eval/fill_accuracy          greedy fill: share of masked chars equal to the original
-  eval/fill_accuracy/lenK     the same over the spans of K chars only (the per-position
-                              policy is exact on 1-char spans, only factorised on longer ones)
+  eval/fill_accuracy/lenK     the same over the spans of K chars only, for each K the spans
+                              have (the per-position policy is exact on 1-char spans, only
+                              factorised on longer ones)
   eval/sampled_fill_accuracy  mean π(original char) over masked positions
   eval/pass_at_k              P(one of k sampled fills restores the whole span), exact
+(π: the generator's softmax at temperature 1, not the GRPO run's group.temperature)
   eval/judge_reward           the judge's reward of the greedy fills
   eval/judge_reward_original  the judge's reward of the original windows (a ceiling)
 
@@ -22,10 +24,18 @@ from grpo_jax import data as data_lib
 from grpo_jax import judge as judge_lib
 
 
-def heldout_windows(corpus: data_lib.Corpus, num_windows: int, length: int) -> np.ndarray:
-    """[N, length] windows of the val split, N = num_windows or as many as it holds."""
-    n = min(num_windows, max(1, (len(corpus.val) - length) // length))
-    ctx, tgt = data_lib.eval_windows(corpus.val, n, length - 1, 1)
+def heldout_windows(
+    corpus: data_lib.Corpus, num_windows: int, length: int, name: str = "eval.num_windows"
+) -> np.ndarray:
+    """[num_windows, length] windows of the val split, spread evenly and not overlapping; more
+    than the split holds is refused (``name``: the setting the message names)."""
+    holds = max(1, (len(corpus.val) - length) // length)
+    if num_windows > holds:
+        raise ValueError(
+            f"{name}={num_windows}: the val split ({len(corpus.val)} tokens) holds {holds} "
+            f"windows of {length} that do not overlap; ask for at most {holds}"
+        )
+    ctx, tgt = data_lib.eval_windows(corpus.val, num_windows, length - 1, 1)
     return np.concatenate([ctx, tgt], 1)
 
 
@@ -45,6 +55,7 @@ def make_evaluate(config, generator, masked_input, judge_reward, judge_params, w
     ev_win = jnp.asarray(windows)
     ev_in = masked_input(ev_win, ev_span)
     pass_k = tuple(int(k) for k in config.eval.pass_k)
+    lengths = sorted({int(k) for k in np.asarray(ev_span.sum(-1))})
 
     @jax.jit
     def eval_core(params, jparams):
@@ -61,7 +72,7 @@ def make_evaluate(config, generator, masked_input, judge_reward, judge_params, w
             "filled": filled,
         }
         span_len = ev_span.sum(-1)
-        for k in range(d.span_min, d.span_max + 1):
+        for k in lengths:  # only the lengths the eval's spans have: no 0 for "none"
             sel = span_len == k
             out[f"eval/fill_accuracy/len{k}"] = jnp.sum(hits * sel) / jnp.maximum(k * sel.sum(), 1)
         p_span = jnp.exp(jnp.sum(lp_orig * ev_span, -1))  # P(one sample restores the span)
@@ -87,16 +98,25 @@ def make_evaluate(config, generator, masked_input, judge_reward, judge_params, w
 
 
 def single_char_optimum(config, s, ref_params, judge_params, policies=(), num_windows=1024):
-    """Greedy fill accuracy on held-out single-char spans of: the reference generator, the
-    exact per-window KL-regularised optimum of the GRPO objective, z_ref + (T / beta) · r with
-    r the judge's reward of each of the V fills (what a perfect optimiser of the same judge
-    would reach), and each of ``policies`` (param trees), on the same windows;
-    ``optimum_changed`` is the share of windows where the optimum's fill differs from the
-    reference's. ``s`` is the task's ``fill_in.load_setup(config)`` (corpus and models).
+    """Greedy fill accuracy on held-out single-char spans of: the reference generator; the
+    exact per-window optimum of E_π[r] − β KL(π‖π_ref) with π = softmax(z / T), z_ref + (T/β)·r
+    with r the judge's reward of each of the V fills (what a perfect optimiser of the same
+    judge would reach); GRPO's fixed point, where its expected update is zero (``fixed_point``:
+    advantages centred on the group's mean, the member's own reward included, carry (1 − 1/G)
+    of the reward's gradient, so z_ref + (1 − 1/G)(T/β)·r); and each of ``policies`` (param
+    trees), all on the same windows. ``*_changed``: the share of windows whose fill differs
+    from the reference's. ``s`` is the task's ``fill_in.load_setup(config)``.
 
-    A diagnostic for experiments (V judge passes per window), not a training metric."""
+    The fixed point holds for grpo.advantage_scale=none (a std scale divides the advantages
+    by a random group statistic: no closed form), which it requires. A diagnostic for
+    experiments (V judge passes per window), not a training metric."""
+    if config.grpo.advantage_scale != "none":
+        raise ValueError(
+            f"single_char_optimum: grpo.advantage_scale={config.grpo.advantage_scale!r} has no "
+            "closed-form fixed point; it needs 'none'"
+        )
     v, length = s.v, config.data.window_len
-    windows = jnp.asarray(heldout_windows(s.corpus, num_windows, length))
+    windows = jnp.asarray(heldout_windows(s.corpus, num_windows, length, "num_windows"))
     n = len(windows)
     key = jax.random.PRNGKey(int(config.eval.seed) + 7)  # not the eval spans' key
     pos = jax.random.randint(key, (n,), 0, length)
@@ -114,12 +134,16 @@ def single_char_optimum(config, s, ref_params, judge_params, policies=(), num_wi
     logits = jax.jit(lambda p: s.generator.apply({"params": p}, masked)[rows, pos])
     accuracy = lambda z: float(jnp.mean(jnp.argmax(z, -1) == original))
     strength = float(config.group.temperature) / float(config.grpo.beta)
+    shrink = 1.0 - 1.0 / int(config.group.size)
     z_ref = logits(ref_params)
-    z_opt = z_ref + strength * r
+    z_opt, z_fixed = z_ref + strength * r, z_ref + shrink * strength * r
+    changed = lambda z: float(jnp.mean(jnp.argmax(z, -1) != jnp.argmax(z_ref, -1)))
     return {
         "num_windows": n,
         "reference": accuracy(z_ref),
         "optimum": accuracy(z_opt),
-        "optimum_changed": float(jnp.mean(jnp.argmax(z_opt, -1) != jnp.argmax(z_ref, -1))),
+        "optimum_changed": changed(z_opt),
+        "fixed_point": accuracy(z_fixed),
+        "fixed_point_changed": changed(z_fixed),
         "policies": [accuracy(logits(p)) for p in policies],
     }
