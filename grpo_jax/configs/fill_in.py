@@ -20,8 +20,9 @@ T = beta = 0.5 aims at the same greedy fill as beta = 1 at T = 1 (π ∝ π_ref 
 judge-corrected generator, not the judge's argmax), while the samples concentrate on the few
 plausible chars whose order decides that fill. GRPO itself stops short of it: advantages
 centred on the group's mean, the member's own reward included, carry (1 - 1/G) of the reward's
-gradient, so its fixed point is z_ref + (1 - 1/G)(T / beta) · logit (7/8 of the way at G = 8). GRPO from a random generator (no init_from)
-collapses onto one judge-approved char within ~100 steps, so start from --mode=pretrain.
+gradient, so its fixed point is z_ref + (1 - 1/G)(T / beta) · logit (7/8 of the way at
+G = 8). GRPO from a random generator (no init_from) collapses onto one judge-approved char
+within ~100 steps, so start from --mode=pretrain.
 What GRPO does and does not reach here (greedy fill accuracy) is in
 experiments/results/fill_in.md.
 
