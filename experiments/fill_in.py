@@ -19,9 +19,9 @@ held-out single-char spans (what a perfect optimiser of the same judge would rea
 
 The step-0 row of every GRPO table is the supervised generator evaluated by the same
 held-out code (eval.seed fixes the spans, so every seed sees the same windows). Writes
-experiments/results/fill_in.md, fill_in.json and fill_in_curves.png (the markdown and the
-figure are rendered by experiments/fill_in_report.py); the ablation table is read from
-experiments/results/fill_in_ablation.json (separate runs, described there).
+experiments/results/fill_in.md, fill_in.json and fill_in_curves.png (the markdown is
+rendered by experiments/fill_in_report.py, the figure by ``plot`` here); the ablation table
+is read from experiments/results/fill_in_ablation.json (separate runs, described there).
 """
 
 import argparse
@@ -44,8 +44,8 @@ from fill_in_report import (
     logged_name,
     markdown,
     metric_keys,
-    plot,
     setting_of,
+    train_value,
 )
 
 from grpo_jax import checkpoint as ckpt_lib
@@ -228,6 +228,45 @@ def main():
     plot(runs, seeds, base, out / "fill_in_curves.png")
     (out / "fill_in.md").write_text("\n".join(markdown(summary, ab)))
     print(f"wrote {out / 'fill_in.md'}")
+
+
+def moving_mean(x, k: int) -> np.ndarray:
+    """The mean of each point's window of k (centred, as np.convolve's "same" places it); at
+    the ends over the points the window holds, not over its zero padding."""
+    k = max(1, min(k, len(x) - 1 + len(x) % 2))  # odd, and no longer than the run
+    ones = np.ones(k)
+    return np.convolve(x, ones, "same") / np.convolve(np.ones(len(x)), ones, "same")
+
+
+def plot(runs, seeds, base, out: Path):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(1, 3, figsize=(15, 4))
+    for r, s in zip(runs, seeds, strict=True):
+        st = [c["step"] for c in r["train_curve"]]
+        rewards = [train_value(c, REWARD) for c in r["train_curve"]]
+        rw = moving_mean(rewards, 5)
+        ax[0].plot(st, rw, label=f"seed {s}")
+        es = [e["step"] for e in r["eval"]]
+        ax[1].plot(es, [e["eval/judge_reward"] for e in r["eval"]], "o-", label=f"seed {s}")
+        ax[2].plot(es, [e["eval/fill_accuracy"] for e in r["eval"]], "o-", label=f"greedy s{s}")
+        sampled = [e["eval/sampled_fill_accuracy"] for e in r["eval"]]
+        ax[2].plot(es, sampled, "s--", label=f"sampled s{s}")
+    if base is not None:
+        es = [e["step"] for e in base["eval"]]
+        greedy = [e["eval/fill_accuracy"] for e in base["eval"]]
+        ax[2].plot(es, greedy, "k:", label="greedy, old GRPO defaults")
+    ax[0].set(title=f"train {REWARD} (judge logit, 5-log moving avg)", xlabel="step")
+    ax[1].set(title="held-out judge reward of greedy fills", xlabel="step")
+    ax[2].set(title="held-out fill accuracy", xlabel="step")
+    for a in ax:
+        a.legend(fontsize=7)
+        a.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(out, dpi=110)
 
 
 def last_eval(workdir: Path, key: str) -> dict:

@@ -1,8 +1,9 @@
 """fill_in.md, fill_in_curves.png: the report of experiments/fill_in.py.
 
 Renders the runner's summary (the dict it writes to fill_in.json) and the ablation file
-(fill_in_ablation.json) as markdown tables, the verdict and the learning-curve figure; it
-runs nothing. ``metric_keys`` names the held-out metrics both the runner and the tables use.
+(fill_in_ablation.json) as markdown tables and the verdict; it runs nothing (the runner draws
+the learning-curve figure). ``metric_keys`` names the held-out metrics both the runner and
+the tables use.
 
 The summary holds everything the report reads, the run's settings included (``setting``:
 SETTING_FIELDS of the config it ran), so a record renders as it was measured whatever the
@@ -16,8 +17,6 @@ Summaries and workdirs from before the engine refactor (the fill_in.json committ
 old fill accuracy was defined otherwise), so an old summary still renders. The runner stores
 train metrics as the workdir logged them, so the same holds for a summary of an old workdir.
 """
-
-from pathlib import Path
 
 import numpy as np
 
@@ -172,45 +171,6 @@ def ablation_section(ab):
         *table(head, rows),
         "",
     ]
-
-
-def moving_mean(x, k: int) -> np.ndarray:
-    """The mean of each point's window of k (centred, as np.convolve's "same" places it); at
-    the ends over the points the window holds, not over its zero padding."""
-    k = max(1, min(k, len(x) - 1 + len(x) % 2))  # odd, and no longer than the run
-    ones = np.ones(k)
-    return np.convolve(x, ones, "same") / np.convolve(np.ones(len(x)), ones, "same")
-
-
-def plot(runs, seeds, base, out: Path):
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(1, 3, figsize=(15, 4))
-    for r, s in zip(runs, seeds, strict=True):
-        st = [c["step"] for c in r["train_curve"]]
-        rewards = [train_value(c, REWARD) for c in r["train_curve"]]
-        rw = moving_mean(rewards, 5)
-        ax[0].plot(st, rw, label=f"seed {s}")
-        es = [e["step"] for e in r["eval"]]
-        ax[1].plot(es, [e["eval/judge_reward"] for e in r["eval"]], "o-", label=f"seed {s}")
-        ax[2].plot(es, [e["eval/fill_accuracy"] for e in r["eval"]], "o-", label=f"greedy s{s}")
-        sampled = [e["eval/sampled_fill_accuracy"] for e in r["eval"]]
-        ax[2].plot(es, sampled, "s--", label=f"sampled s{s}")
-    if base is not None:
-        es = [e["step"] for e in base["eval"]]
-        greedy = [e["eval/fill_accuracy"] for e in base["eval"]]
-        ax[2].plot(es, greedy, "k:", label="greedy, old GRPO defaults")
-    ax[0].set(title=f"train {REWARD} (judge logit, 5-log moving avg)", xlabel="step")
-    ax[1].set(title="held-out judge reward of greedy fills", xlabel="step")
-    ax[2].set(title="held-out fill accuracy", xlabel="step")
-    for a in ax:
-        a.legend(fontsize=7)
-        a.grid(alpha=0.3)
-    fig.tight_layout()
-    fig.savefig(out, dpi=110)
 
 
 def verdict(runs, seeds, opt, base, ab, keys):

@@ -16,6 +16,7 @@ sys.path.insert(0, str(ROOT / "experiments"))
 
 import comparison_report  # noqa: E402
 import equal_compute_report  # noqa: E402
+import fill_in as fill_in_runner  # noqa: E402  (experiments/fill_in.py)
 import fill_in_report  # noqa: E402
 import gpu_suite_markdown  # noqa: E402
 import roofline  # noqa: E402
@@ -204,12 +205,12 @@ def test_fill_in_record_renders_to_its_markdown():
 def test_the_reward_curves_moving_mean_is_not_pulled_to_zero_at_the_ends():
     """The figure's 5-log moving mean divides each end's window by the points it holds (it
     divided by 5 over np.convolve's zero padding: a constant 1 ended at 0.6)."""
-    np.testing.assert_allclose(fill_in_report.moving_mean(np.ones(8), 5), np.ones(8))
+    np.testing.assert_allclose(fill_in_runner.moving_mean(np.ones(8), 5), np.ones(8))
     x = np.arange(7.0)
     want = [1.0, 1.5, 2.0, 3.0, 4.0, 4.5, 5.0]  # the window's mean, clipped at the ends
-    np.testing.assert_allclose(fill_in_report.moving_mean(x, 5), want)
-    np.testing.assert_allclose(fill_in_report.moving_mean(np.array([2.0, 4.0]), 5), [2.0, 4.0])
-    np.testing.assert_allclose(fill_in_report.moving_mean(np.array([2.0, 4.0, 0.0]), 5), [3, 2, 2])
+    np.testing.assert_allclose(fill_in_runner.moving_mean(x, 5), want)
+    np.testing.assert_allclose(fill_in_runner.moving_mean(np.array([2.0, 4.0]), 5), [2.0, 4.0])
+    np.testing.assert_allclose(fill_in_runner.moving_mean(np.array([2.0, 4.0, 0.0]), 5), [3, 2, 2])
 
 
 def test_the_fill_in_reading_follows_the_record():

@@ -396,16 +396,22 @@ def test_the_judges_eval_follows_eval_seed_not_the_training_seed(
     assert scores[0, 0] == scores[1, 0] and scores[0, 0] != scores[0, 5]
 
 
-def test_single_char_optimum_sits_between_reference_and_judge(shakespeare_path, gen_dir, judge_dir):
-    """The exact optimum z_ref + (T / beta) r: a policy equal to the reference scores as the
-    reference; beta -> inf keeps every reference fill; beta -> 0 follows the judge, whose
-    argmax differs from the reference's somewhere (else the diagnostic would show nothing)."""
+def optimum_of(shakespeare_path, gen_dir, judge_dir):
+    """(config, the generator's params, single_char_optimum on them and the tiny judge): the
+    config is the one the diagnostic reads, so a test changes it in place."""
     cfg = fill_config(shakespeare_path, judge_dir)
     s = fill_in.load_setup(cfg)
     template = fill_in.init_fn(s.generator, cfg.data.window_len)(jax.random.PRNGKey(0))
     ref = ckpt_lib.load_params(gen_dir, template)
     jparams = ckpt_lib.load_params(judge_dir, captured_template(cfg))
-    optimum = functools.partial(fill_in_eval.single_char_optimum, cfg, s, ref, jparams)
+    return cfg, ref, functools.partial(fill_in_eval.single_char_optimum, cfg, s, ref, jparams)
+
+
+def test_single_char_optimum_sits_between_reference_and_judge(shakespeare_path, gen_dir, judge_dir):
+    """The exact optimum z_ref + (T / beta) r: a policy equal to the reference scores as the
+    reference; beta -> inf keeps every reference fill; beta -> 0 follows the judge, whose
+    argmax differs from the reference's somewhere (else the diagnostic would show nothing)."""
+    cfg, ref, optimum = optimum_of(shakespeare_path, gen_dir, judge_dir)
     out = optimum([ref], num_windows=48)
     assert out["num_windows"] == 48 and out["policies"] == [out["reference"]]
     assert 0.0 <= out["optimum"] <= 1.0
@@ -422,12 +428,7 @@ def test_grpos_fixed_point_carries_one_less_one_over_g_of_the_reward(
     """Advantages centred on the group's mean, the member's own reward included, carry
     (1 - 1/G) of the reward's gradient, so GRPO's fixed point is the optimum at beta / (1 -
     1/G): at G = 2, the optimum at twice beta. A std scale has no closed form: refused."""
-    cfg = fill_config(shakespeare_path, judge_dir)
-    s = fill_in.load_setup(cfg)
-    template = fill_in.init_fn(s.generator, cfg.data.window_len)(jax.random.PRNGKey(0))
-    ref = ckpt_lib.load_params(gen_dir, template)
-    jparams = ckpt_lib.load_params(judge_dir, captured_template(cfg))
-    optimum = functools.partial(fill_in_eval.single_char_optimum, cfg, s, ref, jparams)
+    cfg, _, optimum = optimum_of(shakespeare_path, gen_dir, judge_dir)
     cfg.group.size, cfg.grpo.beta = 2, 0.05
     got = optimum((), 64)
     cfg.grpo.beta = 0.1
