@@ -106,10 +106,7 @@ recomputing member chunks; each kept measurement names its checkout in ``measure
 from __future__ import annotations
 
 import json
-import os
 import shlex
-import shutil
-import subprocess
 import sys
 import tempfile
 import threading
@@ -124,6 +121,7 @@ sys.path.insert(0, str(HERE))  # measure.py, trl_grpo.py, gpu_suite_*.py beside 
 
 import device_lock  # noqa: E402
 import gpu_suite_report as report  # noqa: E402
+from gpu_suite_jobs import CHILD_ENV_KEYS, Limits, child_env, run_jobs  # noqa: E402
 from gpu_suite_parts import jobs_of, peak, probe, shown  # noqa: E402
 from gpu_suite_plan import (  # noqa: E402
     H100_MEMORY_LIMIT,
@@ -132,7 +130,6 @@ from gpu_suite_plan import (  # noqa: E402
     expected_wall,
     plan,
     queue_order,
-    schedule,
 )
 from versus_trl import git_state  # noqa: E402
 
@@ -202,113 +199,7 @@ flags.DEFINE_bool(
 flags.DEFINE_string("child", "", "Internal: run one measurement (probe or peak), print JSON.")
 flags.DEFINE_string("child_spec", "", "Internal: the child's JSON argument.")
 
-CHILD_ENV_KEYS = (
-    "JAX_PLATFORMS",
-    "JAX_DISABLE_MOST_OPTIMIZATIONS",
-    "XLA_PYTHON_CLIENT_MEM_FRACTION",
-    "XLA_PYTHON_CLIENT_PREALLOCATE",
-)
 START = time.perf_counter()  # --budget_s counts from here
-MIN_PART_S = 60  # a part given less than this is not started (no compile fits in it)
-OOM = ("RESOURCE_EXHAUSTED", "Out of memory", "out of memory", "OOM")
-
-
-# ---------------------------------------------------------------------------------------
-# the children: each measurement in its own process
-
-
-def child_env(smoke: bool, workers: int, scratch: Path) -> dict:
-    """The children's environment. ``scratch`` (the run's temporary directory) holds the
-    compilation cache they share (a program two children compile with the same XLA flags is
-    compiled once) and, with ``workers`` > 1, the device lock their timed sections take
-    turns on."""
-    env = dict(os.environ)
-    if smoke:  # the CPU, and XLA's cheap compiles: the smoke checks the code, not the speed
-        env.update(JAX_PLATFORMS="cpu", JAX_DISABLE_MOST_OPTIMIZATIONS="1")
-    else:  # let one part's step use most of the GPU (JAX's default preallocates 75 %)
-        env.setdefault("XLA_PYTHON_CLIENT_MEM_FRACTION", "0.92")
-        if workers > 1:  # several processes on one GPU: each takes what it uses, up to that
-            env["XLA_PYTHON_CLIENT_PREALLOCATE"] = "false"
-    env.setdefault("JAX_COMPILATION_CACHE_DIR", str(scratch / "jax_cache"))
-    if workers > 1:
-        env[device_lock.ENV] = str(scratch / "device_lock")
-    return env
-
-
-def run_child(job: dict, env: dict) -> dict:
-    """Runs one measurement; returns its last JSON line (plus wall_s and command), or an
-    {"error": ...} record: a failing child never stops the suite."""
-    cmd, timeout = job["cmd"], job["timeout"] * FLAGS.time_scale
-    t0 = time.perf_counter()
-    if FLAGS.budget_s:
-        timeout = min(timeout, FLAGS.budget_s - (t0 - START))
-    if FLAGS.budget_s and timeout < MIN_PART_S:
-        res = {"error": f"not run: --budget_s={FLAGS.budget_s:.0f} spent"}
-    else:
-        res = run_command(cmd, env, timeout)
-    res["wall_s"] = time.perf_counter() - t0
-    res["command"] = job.get("shown") or shown(cmd, FLAGS.trl_python)
-    status = res.get("error") or res.get("skipped") or "ok"
-    print(f"{job['part']} {job['key']}: {status} ({res['wall_s']:.1f} s)", flush=True)
-    print(f"  $ {res['command']}", flush=True)
-    return res
-
-
-def show_tail(lines: list) -> None:
-    """The last lines a failed child printed, indented, into the suite's log."""
-    print("\n".join(f"  | {ln}" for ln in lines[-25:]), flush=True)
-
-
-def run_command(cmd: list, env: dict, timeout: float) -> dict:
-    """One child's last JSON line, or an {"error": ...} record (out_of_memory flagged)."""
-    try:
-        proc = subprocess.run(
-            cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout
-        )
-    except subprocess.TimeoutExpired as e:  # what it printed so far says where it was
-        err = e.stderr or b""
-        show_tail((err.decode(errors="replace") if isinstance(err, bytes) else err).splitlines())
-        return {"error": f"timed out after {timeout:.0f} s"}
-    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
-    if proc.returncode == 0 and lines:
-        return json.loads(lines[-1])
-    tail = (proc.stderr.strip() or proc.stdout.strip() or "no output").splitlines()
-    show_tail(tail)
-    err = next((ln for ln in reversed(tail) if "Error" in ln), tail[-1])
-    res = {"error": f"exit {proc.returncode}: {err[:400]}"}
-    if any(s in proc.stderr for s in OOM):
-        res["out_of_memory"] = True
-    return res
-
-
-def run_jobs(jobs: list, env: dict, workers: int, done=lambda: None, capacity=None) -> list:
-    """The children ``workers`` at a time (with more than one, their timed sections take turns
-    through the device lock in ``env``), in gpu_suite_plan.schedule's order within ``capacity``
-    bytes; ``done()`` after each. A child that ran out of memory beside others runs again once
-    the rest are done, alone (its neighbours' memory may have been what it lacked); its record
-    keeps the first error in ``retried_alone_after``."""
-    for job in jobs:  # a Python that is not there skips TRL without starting anything
-        if job["part"] == "trl" and not (
-            Path(FLAGS.trl_python).exists() or shutil.which(FLAGS.trl_python)
-        ):
-            job["result"] = {"skipped": f"--trl_python={FLAGS.trl_python} not found"}
-    todo = [j for j in jobs if "result" not in j]
-
-    def run(job):
-        job["result"] = run_child(job, env)
-        done()
-
-    if workers <= 1:
-        for job in todo:
-            run(job)
-        return jobs
-    schedule(todo, workers, run, capacity)
-    for job in [j for j in todo if j["result"].get("out_of_memory")]:
-        first = job["result"]
-        print(f"{job['part']} {job['key']}: out of memory beside others, again alone", flush=True)
-        run(job)
-        job["result"]["retried_alone_after"] = {"error": first["error"], "wall_s": first["wall_s"]}
-    return jobs
 
 
 # ---------------------------------------------------------------------------------------
@@ -372,7 +263,8 @@ def suite(smoke: bool, p: dict, workers: int, env: dict, t0: float) -> None:
             raw = report.record(jobs, p, smoke=smoke, final=final, t0=t0, device_lock=shared, **run)
             return raw, report.write(raw, out_dir, FLAGS.name)
 
-    run_jobs(jobs[:1], env, 1)  # the probe first: the device's memory, the record's kind
+    limits = Limits(FLAGS.time_scale, FLAGS.budget_s, FLAGS.trl_python, START)
+    run_jobs(jobs[:1], env, 1, limits)  # the probe first: the device's memory, the record's kind
     if FLAGS.resume:
         print(f"kept from {FLAGS.resume}: {resume(jobs, FLAGS.resume)}", flush=True)
         jobs[1:] = [j for j in jobs[1:] if "result" in j or j["part"] in FLAGS.parts]
@@ -380,7 +272,7 @@ def suite(smoke: bool, p: dict, workers: int, env: dict, t0: float) -> None:
     capacity = limit * MEMORY_SHARE if limit else None
     if not smoke:
         print(estimate([j for j in jobs[1:] if "result" not in j], workers, capacity), flush=True)
-    run_jobs(jobs, env, workers, done=lambda: write(final=False), capacity=capacity)
+    run_jobs(jobs, env, workers, limits, done=lambda: write(final=False), capacity=capacity)
     raw, path = write(final=True)
     print(report.markdown(raw))
     print(f"wrote {path}.json and .md in {raw['wall_s']:.0f} s")

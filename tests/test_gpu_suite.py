@@ -383,13 +383,12 @@ if len(tries.read_text()) == 1:
 print(json.dumps({"ok": len(tries.read_text())}))
 """
 RUNNER = """
-import json, sys
-sys.argv = ["gpu_suite.py"]
+import json, os, sys, time
 sys.path.insert(0, "experiments")
-import gpu_suite
-gpu_suite.FLAGS(sys.argv)
+from gpu_suite_jobs import Limits, run_jobs
 jobs = json.loads(sys.stdin.read())
-print(json.dumps(gpu_suite.run_jobs(jobs, dict(gpu_suite.os.environ), workers=2)))
+limits = Limits(1.0, 0.0, sys.executable, time.perf_counter())
+print(json.dumps(run_jobs(jobs, dict(os.environ), 2, limits)))
 """
 
 
