@@ -13,7 +13,9 @@ gradient accumulation, steps_per_generation = 1), the horizon forced by ``min_ne
 chars), mu = 1, beta = 0.04 against the frozen initial policy (TRL's KL is k3), loss_type
 "grpo" (sequence mean of token means, grpo_jax's default aggregation), scale_rewards
 "none" (grpo_jax's advantage_scale default), AdamW lr 3e-3, b2 0.99, clip 1.0 (grpo_jax's
-optim), fp32 unless --dtype=bfloat16 (bf16 autocast), no gradient checkpointing.
+optim), fp32 unless --dtype=bfloat16 (bf16 autocast), no gradient checkpointing, no dropout
+(GPT-2's default 0.1 set to 0 and TRL's disable_dropout: grpo_jax's RL forwards have none;
+records before 2026-11-29 ran TRL's side with 0.1, which --dropout=0.1 reproduces).
 Timed per optimizer step by a TrainerCallback (on_step_begin -> on_step_end, CUDA synced).
 
 Needs torch, transformers, trl (and datasets, accelerate); a venv for it on CPU:
@@ -56,6 +58,7 @@ DEFAULTS = {
     "width": 128,
     "positions": 0,  # GPT-2 n_positions; 0 -> context + horizon (grpo_jax's model.max_len)
     "beta": 0.04,
+    "dropout": 0.0,  # GPT-2's dropout rates; grpo_jax's step has none (0.1: GPT-2's default)
     "learning_rate": 3e-3,
     "seed": 0,
     "data": "",  # corpus path; "" -> $GRPO_JAX_DATA
@@ -126,6 +129,8 @@ def options(kwargs: dict) -> argparse.Namespace:
             f"--context + --horizon = {a.context + a.horizon} > --positions={a.positions}; "
             "raise --positions, or pass 0 (context + horizon)"
         )
+    if not 0.0 <= a.dropout < 1.0:
+        raise ValueError(f"--dropout={a.dropout} must be in [0, 1)")
     if a.dtype not in ("float32", "bfloat16"):
         raise ValueError(f"--dtype={a.dtype!r} is unknown; choose from float32, bfloat16")
     a.data = a.data or os.environ.get("GRPO_JAX_DATA", "")
@@ -217,6 +222,7 @@ def grpo_config(a: argparse.Namespace, total: int, cuda: bool):
         disable_tqdm=True,
         seed=a.seed,
         dataloader_num_workers=0,
+        disable_dropout=a.dropout == 0,  # the reference's too
     )
 
 
@@ -237,6 +243,11 @@ def save_random_gpt2(a: argparse.Namespace, tokenizer) -> tuple[str, int]:
             bos_token_id=tokenizer.eos_token_id,
             eos_token_id=tokenizer.eos_token_id,
             pad_token_id=tokenizer.pad_token_id,
+            # grpo_jax's RL forwards have no dropout; GPT-2's default 0.1 makes TRL sample
+            # from, score and train a perturbed policy, and draw masks at every layer
+            resid_pdrop=a.dropout,
+            embd_pdrop=a.dropout,
+            attn_pdrop=a.dropout,
         )
     )
     gpt.save_pretrained(model_dir)
@@ -311,6 +322,16 @@ def checked_tokenizer(chars: str, sample: str):
     return tokenizer, char_id
 
 
+def dropout_of(model, torch, want: float) -> float:
+    """The policy's largest dropout rate, its modules' and its attention's (GPT-2 passes
+    attn_pdrop to SDPA, no module); the run stops unless it is --dropout's."""
+    rates = [m.p for m in model.modules() if isinstance(m, torch.nn.Dropout)]
+    rate = max([*rates, getattr(model.config, "attn_pdrop", 0.0)])
+    if rate != want:
+        raise RuntimeError(f"the policy's dropout is {rate}, not --dropout={want}")
+    return float(rate)
+
+
 def run(**kwargs) -> dict:
     """Builds and trains for warmup + steps optimizer steps; returns the timing dict."""
     a = options(kwargs)
@@ -342,6 +363,7 @@ def run(**kwargs) -> dict:
         processing_class=tokenizer,
         callbacks=[timer],
     )
+    dropout = dropout_of(trainer.model, torch, a.dropout)
     with device_lock.timed():  # the warm-up steps too: torch has no compile to share
         t0 = time.perf_counter()
         trainer.train()
@@ -363,6 +385,7 @@ def run(**kwargs) -> dict:
         "context": a.context,
         "horizon": a.horizon,
         "beta": a.beta,
+        "dropout": dropout,
         "tokens_per_step": n_completions * a.horizon,
         "mean_completion_length": sum(lengths) / len(lengths),
         **timings(a, timer),

@@ -179,7 +179,7 @@ JAX_KEEP = ("median_step_s", "tokens_per_s", "step_times_s", "compile_s", "param
 JAX_KEEP += ("tokens_per_step", "breakdown")
 TRL_KEEP = ("median_step_s", "min_step_s", "max_step_s", "tokens_per_s", "step_times_s")
 TRL_KEEP += ("warmup_step_times_s", "median_loop_s", "mean_completion_length", "params", "device")
-TRL_KEEP += ("threads", "tokens_per_step", "vocab_size", "model")
+TRL_KEEP += ("threads", "tokens_per_step", "vocab_size", "model", "dropout")
 
 
 def parser() -> argparse.ArgumentParser:

@@ -190,6 +190,9 @@ NOTES = [
     "Prompts: grpo_jax draws uniform random windows of the train split inside the step; "
     "TRL's dataset holds batch_prompts x (warmup + steps) random train-split windows, "
     "drawn once on the host.",
+    "Dropout: none on either side (GPT-2's default 0.1 is set to 0 and TRL's "
+    "disable_dropout is on; trl_grpo.py stops if the policy has any); records before "
+    "2026-11-29 ran TRL's policy with 0.1 in generation and training.",
     "Threads: torch runs with torch.get_num_threads() intra-op threads (the machine's "
     "cores by default); XLA's CPU client uses its own pool over the same cores. Each side "
     "runs alone (sequential subprocesses).",

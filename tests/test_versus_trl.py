@@ -129,6 +129,7 @@ def test_a_tiny_run_records_both_sides_and_their_ratios(
             "--context + --horizon = 220 > --positions=160; raise --positions, or pass 0",
         ),
         ([], "no corpus: pass --data=PATH or set GRPO_JAX_DATA"),
+        (["--dropout=1.0", "--data=x"], "--dropout=1.0 must be in [0, 1)"),
     ],
 )
 def test_the_trl_side_refuses_bad_flags_in_one_line_before_torch_loads(flags, message):
@@ -141,6 +142,33 @@ def test_the_trl_side_refuses_bad_flags_in_one_line_before_torch_loads(flags, me
     assert proc.returncode == 1, proc.stderr
     (line,) = proc.stderr.strip().splitlines()
     assert line.startswith(f"error: {message}")
+
+
+def test_the_trl_side_runs_without_dropout_unless_asked():
+    """grpo_jax's step has no dropout, so TRL's GPT-2 runs with none by default (it ran with
+    GPT-2's default 0.1 until 2026-11-29, in generation and training): trl_grpo.dropout_of
+    reads the policy's modules and its attention rate, and stops a run whose rate is not
+    --dropout's (a fake torch here: CI has none)."""
+    from types import SimpleNamespace
+
+    import trl_grpo
+
+    class Dropout:
+        def __init__(self, p):
+            self.p = p
+
+    fake_torch = SimpleNamespace(nn=SimpleNamespace(Dropout=Dropout))
+
+    def model(module_p, attn_p):
+        modules = [object(), Dropout(module_p)]
+        return SimpleNamespace(modules=lambda: modules, config=SimpleNamespace(attn_pdrop=attn_p))
+
+    assert trl_grpo.DEFAULTS["dropout"] == 0.0
+    assert trl_grpo.dropout_of(model(0.0, 0.0), fake_torch, 0.0) == 0.0
+    assert trl_grpo.dropout_of(model(0.1, 0.1), fake_torch, 0.1) == 0.1
+    for module_p, attn_p in ((0.1, 0.0), (0.0, 0.1)):
+        with pytest.raises(RuntimeError, match="dropout is 0.1, not --dropout=0.0"):
+            trl_grpo.dropout_of(model(module_p, attn_p), fake_torch, 0.0)
 
 
 @pytest.mark.parametrize(
