@@ -90,10 +90,14 @@ def at_time(curve_rows, budget):
 
 
 def mean_std(xs):
-    return f"{100 * np.mean(xs):.1f} ± {100 * np.std(xs):.1f}"
+    """Mean ± the sample std over seeds (ddof = 1, as every other report's; it was ddof = 0)."""
+    return f"{100 * np.mean(xs):.1f} ± {100 * np.std(xs, ddof=1):.1f}"
 
 
 def render(res: dict) -> str:
+    """arithmetic.md from the runner's record; a record from before the pass@k rename
+    (arithmetic.json's curves keep eval/pass@k) reads under today's names."""
+    res = current_names(res)
     runs, modes, seeds = res["runs"], res["modes"], res["seeds"]
     by = {(r["mode"], r["seed"]): r for r in runs}
     lines = [
@@ -122,7 +126,7 @@ def render(res: dict) -> str:
                 f"{100 * c0['eval/pass_at_8']:.1f} → {100 * c1['eval/pass_at_8']:.1f} | "
                 f"{r['warmup_wall_s']:.0f} + {r['grpo_wall_s']:.0f} s |"
             )
-    lines += ["", "## Mean ± std over seeds (%)", ""]
+    lines += ["", "## Mean ± sample std over seeds (%, ddof = 1)", ""]
     lines += ["| mode | warm-up | after GRPO | lift | pass@1 after | pass@8 after |"]
     lines += ["|---|---|---|---|---|---|"]
     for mode in modes:

@@ -202,6 +202,18 @@ def test_fill_in_record_renders_to_its_markdown():
     assert "| steps | reward_mean s0 |" in old and "predates the engine refactor" in old
 
 
+def test_the_arithmetic_record_renders_to_its_markdown():
+    """arithmetic.json (its curves keep the old eval/pass@k names) renders to arithmetic.md:
+    render read only eval/pass_at_k and failed on it; the spread is the sample std (ddof 1,
+    as the other reports; it was ddof 0: the sampled lift's 2.2 is 2.7)."""
+    import arithmetic
+
+    record = json.loads((RESULTS / "arithmetic.json").read_text())
+    md = arithmetic.render(record)
+    assert md == (RESULTS / "arithmetic.md").read_text()
+    assert "| sampled | 45.2 ± 3.6 | 67.3 ± 1.3 | 22.1 ± 2.7 |" in md
+
+
 def test_the_reward_curves_moving_mean_is_not_pulled_to_zero_at_the_ends():
     """The figure's 5-log moving mean divides each end's window by the points it holds (it
     divided by 5 over np.convolve's zero padding: a constant 1 ended at 0.6)."""
