@@ -18,10 +18,9 @@ optim), fp32 unless --dtype=bfloat16 (bf16 autocast), no gradient checkpointing,
 records before 2026-11-29 ran TRL's side with 0.1, which --dropout=0.1 reproduces).
 Timed per optimizer step by a TrainerCallback (on_step_begin -> on_step_end, CUDA synced).
 
-Needs torch, transformers, trl (and datasets, accelerate); a venv for it on CPU:
+Needs torch, transformers, trl (and datasets, accelerate): the README's benchmark section
+makes a venv for them. The tokenizer, prompts and reward are in experiments/trl_data.py.
 
-  python -m venv /work/trl_venv && /work/trl_venv/bin/pip install torch==2.13.0
-  /work/trl_venv/bin/pip install trl -c <(echo torch==2.13.0)
   GRPO_JAX_DATA=/work/shared/data/tinyshakespeare.txt \
       /work/trl_venv/bin/python experiments/trl_grpo.py --steps=5 --warmup=2
 
@@ -35,7 +34,6 @@ import argparse
 import json
 import os
 import platform
-import random
 import statistics
 import sys
 import tempfile
@@ -43,6 +41,7 @@ import time
 import warnings
 
 import device_lock  # experiments/, beside this file
+from trl_data import checked_tokenizer, load_prompts, match_reward
 
 DEFAULTS = {
     "steps": 5,  # timed optimizer steps
@@ -65,38 +64,6 @@ DEFAULTS = {
     "train_fraction": 0.9,
     "threads": 0,  # torch.set_num_threads (0 = torch's default)
 }
-EOS = "<|endoftext|>"
-
-
-def char_tokenizer(chars: str):
-    """A HF fast tokenizer with one token per character of ``chars`` (ids 0..V-1 in the given
-    order, grpo_jax's sorted-char ids) plus EOS (id V), which is also the pad token."""
-    from tokenizers import Tokenizer, decoders, models
-    from transformers import PreTrainedTokenizerFast
-
-    vocab = {c: i for i, c in enumerate(chars)}
-    vocab[EOS] = len(chars)
-    # BPE with no merges and no pre-tokenizer splits the text into its characters, whitespace
-    # included; the Fuse decoder concatenates tokens (no spaces between them)
-    tok = Tokenizer(models.BPE(vocab=vocab, merges=[], unk_token=None))
-    tok.add_special_tokens([EOS])
-    tok.decoder = decoders.Fuse()
-    return PreTrainedTokenizerFast(
-        tokenizer_object=tok, eos_token=EOS, pad_token=EOS, bos_token=EOS, padding_side="left"
-    )
-
-
-def load_prompts(path: str, fraction: float, context: int, horizon: int, n: int, seed: int):
-    """n random (prompt, target) windows of the train split: text[s:s+C], text[s+C:s+C+H]."""
-    with open(path, encoding="utf-8") as f:
-        text = f.read()
-    chars = "".join(sorted(set(text)))  # grpo_jax's Vocab.from_text: the whole text's chars
-    train = text[: int(len(text) * fraction)]
-    rng = random.Random(seed)
-    starts = [rng.randrange(len(train) - context - horizon + 1) for _ in range(n)]
-    prompts = [train[s : s + context] for s in starts]
-    targets = [train[s + context : s + context + horizon] for s in starts]
-    return chars, prompts, targets
 
 
 def cpu_name(cpuinfo: str = "/proc/cpuinfo") -> str:
@@ -137,22 +104,6 @@ def options(kwargs: dict) -> argparse.Namespace:
     if not a.data:
         raise ValueError("no corpus: pass --data=PATH or set GRPO_JAX_DATA")
     return a
-
-
-def match_reward(char_id: dict, lengths: list):
-    """grpo_jax's ``match`` as a TRL reward function: the mean over the horizon of
-    completion[i] == target[i] (on ids). Appends every completion's length to ``lengths``,
-    which run() checks against the forced horizon."""
-
-    def match(completions, completion_ids, target, **_):
-        out = []
-        for ids, tgt in zip(completion_ids, target, strict=True):
-            lengths.append(len(ids))
-            hits = sum(int(i == char_id[c]) for i, c in zip(ids, tgt, strict=False))
-            out.append(hits / len(tgt))
-        return out
-
-    return match
 
 
 def step_timer(sync):
@@ -309,17 +260,6 @@ def check_counts(a: argparse.Namespace, timer, lengths: list) -> None:
         raise RuntimeError(f"{len(lengths)} completions scored, expected {total * n}")
     if min(lengths) != a.horizon or max(lengths) != a.horizon:
         raise RuntimeError(f"completion lengths {min(lengths)}..{max(lengths)}, not {a.horizon}")
-
-
-def checked_tokenizer(chars: str, sample: str):
-    """(char_tokenizer(chars), char -> id), checked on chars and a sample prompt: one token per
-    char, grpo_jax's ids, an exact round trip."""
-    tokenizer = char_tokenizer(chars)
-    char_id = {c: i for i, c in enumerate(chars)}
-    for text in (chars, sample):
-        ids = tokenizer(text)["input_ids"]
-        assert ids == [char_id[c] for c in text] and tokenizer.decode(ids) == text, text
-    return tokenizer, char_id
 
 
 def dropout_of(model, torch, want: float) -> float:
