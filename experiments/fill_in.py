@@ -171,7 +171,8 @@ def run_all(args, c, times):
     jflags = [f"--config.judge.negatives_from={gen}"]
     cmds["judge"] = run_stage("judge", judge, "train_judge", jflags, c.judge.num_steps, args, times)
     common = [f"--config.judge.checkpoint={judge}", f"--config.init_from={gen}"]
-    step0, keys = step0_eval([], gen, judge, args.config), metric_keys(setting_of(c))
+    step0 = step0_eval([], gen, judge, args.config)
+    keys = metric_keys(setting_of(c), step0)
     runs = []
     for s in args.seeds:
         wd, flags = root / f"grpo_s{s}", [*common, f"--config.seed={s}"]

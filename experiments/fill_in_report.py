@@ -66,10 +66,13 @@ def setting_of(cfg) -> dict:
     return {name: cfg[name.split(".")[0]][name.split(".")[1]] for name in SETTING_FIELDS}
 
 
-def metric_keys(setting: dict):
-    """EVAL_KEYS and the greedy accuracy per span length (eval/fill_accuracy/lenK)."""
+def metric_keys(setting: dict, logged: dict):
+    """EVAL_KEYS and the greedy accuracy per span length (eval/fill_accuracy/lenK) for the
+    lengths the held-out spans have: those ``logged`` (one eval row) holds; the eval logs no
+    lenK for a length its fixed spans lack."""
     spans = range(setting["data.span_min"], setting["data.span_max"] + 1)
-    return (*EVAL_KEYS, *(f"eval/fill_accuracy/len{k}" for k in spans))
+    lens = (f"eval/fill_accuracy/len{k}" for k in spans)
+    return (*EVAL_KEYS, *(k for k in lens if k in logged))
 
 
 def logged_name(row, key) -> str:
@@ -364,7 +367,8 @@ def markdown(summary, ab):
     None)."""
     summary = current_names(summary)
     c, seeds = summary["setting"], summary["seeds"]
-    keys, runs = metric_keys(c), [summary["grpo"][f"seed{s}"] for s in seeds]
+    runs = [summary["grpo"][f"seed{s}"] for s in seeds]
+    keys = metric_keys(c, runs[0]["eval"][0])
     baseline = summary["baseline"]
     base = baseline["grpo"] if baseline else None
     opt = summary["single_char_optimum"]

@@ -225,6 +225,18 @@ def test_the_reward_curves_moving_mean_is_not_pulled_to_zero_at_the_ends():
     np.testing.assert_allclose(fill_in_runner.moving_mean(np.array([2.0, 4.0, 0.0]), 5), [3, 2, 2])
 
 
+def test_a_fill_in_record_without_a_span_length_renders_without_it():
+    """The eval logs eval/fill_accuracy/lenK only for the lengths its fixed spans have, so a
+    record of an eval set without 3-char spans renders without that column (metric_keys
+    asked for every length of the setting: a KeyError)."""
+    summary = json.loads((RESULTS / "fill_in.json").read_text())
+    for run in [*summary["grpo"].values(), summary["baseline"]["grpo"]]:
+        for row in run["eval"]:
+            row.pop("eval/fill_accuracy/len3")
+    md = "\n".join(fill_in_report.markdown(summary, None))
+    assert "fill_accuracy/len2 |" in md and "len3" not in md
+
+
 def test_the_fill_in_reading_follows_the_record():
     """The verdict's reading takes its figures from the record: the optimum's single-char gain,
     the seeds' final policies against the reference (not the baseline's, last in the list), and
